@@ -1,0 +1,182 @@
+"""Predicted prefill time, TTFT, E2E latency and energy of one request on one backend.
+
+The κ quantities come from `router.kappa`; this module turns them into seconds and joules
+for a concrete backend (DESIGN.md §3, "Cost of a request on backend b, tiers explicit"):
+
+    t_compute = prefill_flops(K, T) / C_eff
+    t_load    = kv_bytes(K_host) / BW_link        (KV in HBM is read in place, not loaded)
+    prefill   = max(t_compute, t_load)   when the backend overlaps loads with compute
+                                         (layer-wise, LMCache-style), else their sum
+    decode    = (active weight bytes + kv_bytes(context)) / (HBM bandwidth · TP)   per token
+    TTFT      = queue wait + prefill + one decode step
+    E2E       = TTFT + (output_tokens − 1) · decode
+    power     = idle + (P_max − idle) · utilisation,  P_max = min(power cap, TDP)
+    energy    = power(prefill utilisation) · prefill + power(decode) · decode time
+
+Prefill utilisation is t_compute / prefill (a transfer-bound prefill leaves the SMs idle,
+which is why the paper saw 22–28% of TDP on such work). Decode is HBM-bound; its power uses
+DECODE_POWER_UTILISATION. The figures are one request alone on the backend: the gateway
+adds queueing from its own ledger, the simulator and mock engine model batching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from router import kappa as k
+from router.kappa import Regime
+from router.profiles import GB, HardwareProfile, ModelProfile
+
+# Share of the dynamic power budget that HBM-bound decode draws. An assumption (decode
+# keeps HBM busy and the SMs mostly waiting); replace with a measured figure per backend.
+DECODE_POWER_UTILISATION = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """A backend's static figures: model, hardware and deployment settings.
+
+    Args:
+        model, hardware: the profiles it runs.
+        power_cap_w: board power cap in W (``None``: TDP); scales compute, not bandwidth.
+        tensor_parallel: GPUs in the TP group (compute, HBM bytes and bandwidth scale by it).
+        host_link_gb_s: measured sustained host→HBM bandwidth in GB/s, overriding the profile's.
+        overlap_host_load: loads overlap compute (max) or precede it (sum).
+
+    The derived fields (``c_eff_flops_per_s``, ``link_bytes_per_s``, ``kappa_hw``,
+    ``kappa_crit``) are computed once at construction.
+    """
+
+    model: ModelProfile
+    hardware: HardwareProfile
+    power_cap_w: float | None = None
+    tensor_parallel: int = 1
+    host_link_gb_s: float | None = None
+    overlap_host_load: bool = True
+    c_eff_flops_per_s: float = field(init=False)
+    link_bytes_per_s: float = field(init=False)
+    kappa_hw: float = field(init=False)
+    kappa_crit: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1:
+            raise ValueError("tensor_parallel must be >= 1")
+        c_eff = k.c_eff_flops_per_s(self.hardware, power_cap_w=self.power_cap_w, tensor_parallel=self.tensor_parallel)
+        link = (
+            self.host_link_gb_s * GB
+            if self.host_link_gb_s is not None
+            else self.hardware.host_link_sustained_bytes_per_s * self.tensor_parallel
+        )
+        kappa_hw = k.kappa_hw(link, c_eff)
+        object.__setattr__(self, "c_eff_flops_per_s", c_eff)
+        object.__setattr__(self, "link_bytes_per_s", link)
+        object.__setattr__(self, "kappa_hw", kappa_hw)
+        object.__setattr__(self, "kappa_crit", k.kappa_crit(self.model, kappa_hw))
+
+    @property
+    def max_power_w(self) -> float:
+        """P_max = min(power cap, TDP) × TP, W."""
+        cap = self.hardware.tdp_w if self.power_cap_w is None else min(self.power_cap_w, self.hardware.tdp_w)
+        return cap * self.tensor_parallel
+
+    @property
+    def idle_power_w(self) -> float:
+        return self.hardware.idle_power_w * self.tensor_parallel
+
+    @property
+    def hbm_bandwidth_bytes_per_s(self) -> float:
+        return self.hardware.hbm_bandwidth_bytes_per_s * self.tensor_parallel
+
+    @property
+    def kv_capacity_bytes(self) -> float:
+        """HBM left for KV after weights (before any gpu_memory_utilization headroom), bytes."""
+        return max(self.hardware.hbm_bytes * self.tensor_parallel - self.model.weight_bytes, 0.0)
+
+    def power_w(self, utilisation: float) -> float:
+        """Power draw at a utilisation in [0, 1]: idle + (P_max − idle) · u, W."""
+        u = min(max(utilisation, 0.0), 1.0)
+        return self.idle_power_w + (self.max_power_w - self.idle_power_w) * u
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What a request asks of a backend, in tokens.
+
+    Args:
+        cached_hbm_tokens: prefix tokens already resident in HBM there (read in place).
+        cached_host_tokens: prefix tokens cached in the host tier there (must be loaded).
+        new_tokens: T, prompt tokens to prefill (≥ 0; vLLM always computes at least one).
+        output_tokens: tokens to generate (max_tokens).
+    """
+
+    cached_hbm_tokens: float
+    cached_host_tokens: float
+    new_tokens: float
+    output_tokens: float = 1
+
+    @property
+    def cached_tokens(self) -> float:
+        return self.cached_hbm_tokens + self.cached_host_tokens
+
+    @property
+    def prompt_tokens(self) -> float:
+        return self.cached_tokens + self.new_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CostEstimate:
+    """Predicted figures for one request on one backend (seconds, joules, bytes)."""
+
+    t_compute_s: float
+    t_load_s: float
+    prefill_s: float
+    decode_step_s: float
+    ttft_s: float
+    e2e_s: float
+    energy_j: float
+    load_bytes: float
+    kv_demand_bytes: float
+    kappa_ratio: float
+    kappa_crit: float
+    regime: Regime
+
+
+def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 0.0) -> CostEstimate:
+    """Predict TTFT, E2E and energy of ``shape`` on ``backend`` (formulas in the module docstring).
+
+    Args:
+        shape: the request's cached (by tier) and new tokens.
+        backend: the backend's static figures.
+        queue_wait_s: expected wait before the prefill starts, s (the caller's estimate).
+
+    Returns:
+        A `CostEstimate`; ``kappa_crit`` is the attention-aware κ_crit(T) of this backend and
+        ``regime`` compares the t_load and t_compute of this request (the same as
+        K_host/T > κ_crit(T) for models without sliding-window layers).
+    """
+    model = backend.model
+    new = max(shape.new_tokens, 1.0)
+    t_compute = k.prefill_flops(model, shape.cached_tokens, new) / backend.c_eff_flops_per_s
+    load_bytes = k.kv_bytes(model, shape.cached_host_tokens)
+    t_load = load_bytes / backend.link_bytes_per_s
+    prefill = max(t_compute, t_load) if backend.overlap_host_load else t_compute + t_load
+    context = shape.prompt_tokens + shape.output_tokens / 2.0
+    decode_step = (model.active_weight_bytes + k.kv_bytes(model, context)) / backend.hbm_bandwidth_bytes_per_s
+    ttft = queue_wait_s + prefill + decode_step
+    decode_time = max(shape.output_tokens - 1.0, 0.0) * decode_step
+    utilisation = t_compute / prefill if prefill > 0 else 0.0
+    energy = backend.power_w(utilisation) * prefill + backend.power_w(DECODE_POWER_UTILISATION) * decode_time
+    return CostEstimate(
+        t_compute_s=t_compute,
+        t_load_s=t_load,
+        prefill_s=prefill,
+        decode_step_s=decode_step,
+        ttft_s=ttft,
+        e2e_s=ttft + decode_time,
+        energy_j=energy,
+        load_bytes=load_bytes,
+        kv_demand_bytes=k.kv_bytes(model, shape.prompt_tokens + shape.output_tokens),
+        kappa_ratio=k.kappa_ratio(shape.cached_tokens, shape.new_tokens),
+        kappa_crit=k.kappa_crit(model, backend.kappa_hw, new_tokens=new),
+        regime=Regime.TRANSFER if t_load > t_compute else Regime.COMPUTE,
+    )

@@ -1,0 +1,170 @@
+"""The κ model: the single definition of B_kv, F_pf, κ_M, κ_HW, κ_crit and κ_ratio.
+
+Source: Meng, Lee & Wang, "Prefill is not always compute-bound" (arXiv 2601.19910), as
+summarised in DESIGN.md §3; reference values in REFERENCE.md §1.
+
+A request finds K prompt tokens already cached and must prefill T new ones. Loading the
+cached KV moves ``K · B_kv`` bytes over the link from wherever it lives; prefilling costs
+``T · F_pf`` FLOPs. With a link of ``BW_link`` bytes/s and ``C_eff`` FLOP/s:
+
+    t_load    = K · B_kv / BW_link            t_compute = T · F_pf / C_eff
+
+    transfer-bound  ⇔  t_load > t_compute  ⇔  K / T > (F_pf / B_kv) · (BW_link / C_eff)
+
+    κ_ratio = K / T                       (dimensionless; the request's property)
+    κ_M     = F_pf / B_kv                 (FLOP/byte; the model's property)
+    κ_HW    = BW_link / C_eff             (byte/FLOP; the backend's property)
+    κ_crit  = κ_M · κ_HW                  (dimensionless; the crossover)
+
+Terms:
+    B_kv    KV bytes per token: 2 · L · n_kv_heads · head_dim · dtype_bytes (K and V for each
+            attention layer); MLA (DeepSeek-V2/V3): L · (kv_lora_rank + qk_rope_head_dim) ·
+            dtype_bytes, one latent per token and layer. This is the nominal figure over all
+            attention layers, the paper's Table 3 convention; `kv_bytes` gives the footprint
+            of n tokens with sliding-window layers capped at their window.
+    F_pf    prefill FLOPs per new token. Linear part 2 · N_active (one multiply-add per
+            active weight); attention adds a · (K + T/2) per new token, where
+            a = 2 · L_full · n_q_heads · (d_qk + d_v) (= 4 · L · n_q · head_dim when
+            d_qk = d_v): QKᵀ and AV over the K cached plus, on average, T/2 earlier new tokens.
+            Sliding-window layers attend to at most their window.
+    BW_link the *sustained* bandwidth from the tier the cached KV sits in, not the datasheet
+            peak (the paper measured ~15 GB/s on a 64 GB/s PCIe 5 link).
+    C_eff   peak dense FLOP/s × prefill efficiency × power-cap factor × tensor-parallel size.
+
+With the attention term, κ_crit depends on T. Solving t_load = t_compute for x = K/T with
+c = κ_HW / B_kv and linear F_lin:
+
+    κ_crit(T) = c · (F_lin + a·T/2) / (1 − c·a·T),   and ∞ when c·a·T ≥ 1
+
+(Llama-3.1-70B at κ_HW = 34e-6: 15.2 at T=128, 33.7 at T=2048, never transfer-bound above
+T ≈ 3,700 — REFERENCE.md §1.)
+
+KV already resident in HBM is read in place, not loaded: the regime compares the part that
+must move, K_host / T, with κ_crit, while the reported κ_ratio counts every cached token.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+from router.profiles import HardwareProfile, ModelProfile
+
+
+class Regime(StrEnum):
+    """Which resource bounds a request's prefill on a backend."""
+
+    COMPUTE = "compute"
+    TRANSFER = "transfer"
+
+
+def b_kv_bytes(model: ModelProfile) -> float:
+    """B_kv: KV-cache bytes per token over all attention layers (nominal), bytes/token.
+
+    Llama-3.1-70B: 2·80·8·128·2 = 327,680; DeepSeek-V3 (MLA): 61·(512+64)·2 = 70,272.
+    """
+    if model.is_mla:
+        return model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * model.kv_dtype_bytes
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.kv_dtype_bytes
+
+
+def b_kv_full_attention_bytes(model: ModelProfile) -> float:
+    """KV bytes per token of the full-attention layers only (what grows without bound), bytes/token.
+
+    gpt-oss-20b: 12 of 24 layers → 24,576 (nominal B_kv 49,152). Equal to `b_kv_bytes` for
+    models without sliding-window layers.
+    """
+    return b_kv_bytes(model) * model.full_attention_layers / model.num_layers
+
+
+def kv_bytes(model: ModelProfile, tokens: float) -> float:
+    """KV-cache bytes that ``tokens`` tokens of one sequence occupy, sliding windows capped.
+
+    = tokens · B_kv_full + min(tokens, window) · (B_kv − B_kv_full). Used for memory
+    accounting (admission) and for the bytes a load moves.
+    """
+    full = b_kv_full_attention_bytes(model)
+    if not model.sliding_window_layers:
+        return tokens * full
+    return tokens * full + min(tokens, model.sliding_window_tokens) * (b_kv_bytes(model) - full)
+
+
+def linear_prefill_flops_per_token(model: ModelProfile) -> float:
+    """F_pf without attention: 2 · N_active FLOPs per new token."""
+    return 2.0 * model.active_params
+
+
+def attention_flops_coefficient(model: ModelProfile, *, full_attention_only: bool = True) -> float:
+    """a: attention FLOPs per (new token × attended token), summed over layers.
+
+    a = 2 · L · n_q · (d_qk + d_v), over the full-attention layers (``full_attention_only``)
+    or the sliding-window layers (``False`` gives the sliding-window layers' coefficient).
+    """
+    layers = model.full_attention_layers if full_attention_only else model.sliding_window_layers
+    d_v = model.v_head_dim or model.head_dim
+    return 2.0 * layers * model.num_attention_heads * (model.head_dim + d_v)
+
+
+def prefill_flops(model: ModelProfile, cached_tokens: float, new_tokens: float) -> float:
+    """Total FLOPs to prefill ``new_tokens`` after ``cached_tokens`` cached ones.
+
+    = T · 2·N_active + a_full · T · (K + T/2) + a_sw · T · min(K + T/2, window).
+    """
+    t, span = new_tokens, cached_tokens + new_tokens / 2.0
+    flops = t * linear_prefill_flops_per_token(model) + attention_flops_coefficient(model) * t * span
+    if model.sliding_window_layers:
+        a_sw = attention_flops_coefficient(model, full_attention_only=False)
+        flops += a_sw * t * min(span, model.sliding_window_tokens)
+    return flops
+
+
+def c_eff_flops_per_s(hw: HardwareProfile, *, power_cap_w: float | None = None, tensor_parallel: int = 1) -> float:
+    """C_eff: sustained prefill FLOP/s = peak BF16 dense × prefill efficiency × cap factor × TP."""
+    factor = hw.power_cap_compute_factor(power_cap_w)
+    return hw.peak_bf16_flops_per_s * hw.prefill_efficiency * factor * tensor_parallel
+
+
+def kappa_m(model: ModelProfile) -> float:
+    """κ_M = F_pf / B_kv with linear F_pf, FLOP/byte (Llama-3.1-70B: 430,603)."""
+    return linear_prefill_flops_per_token(model) / b_kv_bytes(model)
+
+
+def kappa_hw(link_bytes_per_s: float, c_eff: float) -> float:
+    """κ_HW = BW_link / C_eff, byte/FLOP (H100 at 15 GB/s, C_eff 445 TFLOP/s: 33.7e-6)."""
+    if link_bytes_per_s <= 0 or c_eff <= 0:
+        raise ValueError("link bandwidth and C_eff must be positive")
+    return link_bytes_per_s / c_eff
+
+
+def kappa_crit(model: ModelProfile, kappa_hw_bytes_per_flop: float, *, new_tokens: float | None = None) -> float:
+    """κ_crit, the κ_ratio above which loading the cached KV takes longer than the prefill.
+
+    Args:
+        model: the model profile.
+        kappa_hw_bytes_per_flop: κ_HW of the backend (`kappa_hw`), byte/FLOP.
+        new_tokens: T; ``None`` gives the linear κ_crit = κ_M · κ_HW, a number gives the
+            attention-aware κ_crit(T) of the module docstring.
+
+    Returns:
+        κ_crit (dimensionless), ``math.inf`` when no K makes the request transfer-bound.
+    """
+    if new_tokens is None:
+        return kappa_m(model) * kappa_hw_bytes_per_flop
+    c = kappa_hw_bytes_per_flop / b_kv_bytes(model)
+    a = attention_flops_coefficient(model)
+    denominator = 1.0 - c * a * new_tokens
+    if denominator <= 0:
+        return math.inf
+    return c * (linear_prefill_flops_per_token(model) + a * new_tokens / 2.0) / denominator
+
+
+def kappa_ratio(cached_tokens: float, new_tokens: float) -> float:
+    """κ_ratio = K / max(T, 1): cached over new prompt tokens (vLLM computes at least one)."""
+    return cached_tokens / max(new_tokens, 1.0)
+
+
+def regime(cached_host_tokens: float, new_tokens: float, kappa_crit_value: float) -> Regime:
+    """TRANSFER when the KV that must be loaded outweighs the compute: K_host / T > κ_crit."""
+    if kappa_ratio(cached_host_tokens, new_tokens) > kappa_crit_value:
+        return Regime.TRANSFER
+    return Regime.COMPUTE

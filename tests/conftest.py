@@ -1,0 +1,47 @@
+"""Shared fixtures: a real redis-server per session (or ``--redis-url``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_server import redis_server
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--redis-url", default=None, help="use this Redis instead of starting one")
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a real Redis: ``--redis-url`` if given, else a fresh loopback redis-server."""
+    given = request.config.getoption("--redis-url")
+    if given:
+        yield given
+        return
+    if not shutil.which("redis-server") and not os.environ.get("CI"):
+        pytest.skip("redis-server is not installed (apt-get install redis-server, or pass --redis-url)")
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A unique Redis key prefix per test, so tests never see each other's keys."""
+    return f"kgtest-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` beside the repo; tests that need it skip where it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real traces not found at {SHARED_DATA} (they live in ../shared/data, beside the repo)")
+    return SHARED_DATA

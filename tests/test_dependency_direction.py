@@ -1,0 +1,69 @@
+"""DESIGN.md §2: who may import whom, checked on the source's import statements (AST)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = {"gateway", "router", "prefix_index", "mock_vllm", "sim", "bench", "tests"}
+
+# package -> top-level modules it must never import (ours and foreign I/O libraries).
+FORBIDDEN = {
+    "router": OURS - {"router"} | {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette",
+                                    "prometheus_client", "uvicorn", "socket", "subprocess", "xxhash"},
+    "prefix_index": {"gateway", "router", "mock_vllm", "sim", "bench", "tests", "httpx", "fastapi"},
+    "mock_vllm": {"gateway", "prefix_index", "sim", "bench", "tests"},
+    "sim": {"gateway", "bench", "tests"},
+    "tests/support": OURS - {"tests"},
+}
+# Only this module of prefix_index may import redis (the Redis implementation).
+REDIS_ALLOWED = {"prefix_index/redis_index.py"}
+
+
+def imported_top_levels(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", list(FORBIDDEN), ids=list(FORBIDDEN))
+def test_package_imports_only_what_design_allows(package: str) -> None:
+    violations = []
+    for path in python_files(package):
+        rel = path.relative_to(ROOT).as_posix()
+        forbidden = FORBIDDEN[package]
+        if package == "prefix_index" and rel not in REDIS_ALLOWED:
+            forbidden = forbidden | {"redis"}
+        bad = imported_top_levels(path) & forbidden
+        if bad:
+            violations.append(f"{rel} imports {sorted(bad)}")
+    assert not violations, "DESIGN.md §2 dependency direction broken:\n" + "\n".join(violations)
+
+
+def test_router_reads_no_clock() -> None:
+    clock_calls = []
+    for path in python_files("router"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "time"
+                    and node.attr in {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns"}):
+                clock_calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not clock_calls, f"router/ reads the clock (pass now_s in): {clock_calls}"
+
+
+def test_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The check itself can fail: a file importing gateway is caught."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from gateway.app import create_app\nimport redis.asyncio\n")
+    assert imported_top_levels(bad) == {"gateway", "redis"}

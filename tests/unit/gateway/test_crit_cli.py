@@ -1,0 +1,72 @@
+"""``kappa-gateway crit`` reproduces REFERENCE.md §1 through the real console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from gateway.cli import app
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("kappa-gateway")
+    cmd = [exe, *args] if exe else [sys.executable, "-c", "from gateway.cli import main; main()", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_issue_example_llama_70b_on_h100() -> None:
+    proc = run_cli("crit", "--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--kappa-hw", "34e-6", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["model"] == "llama-3.1-70b" and row["hardware"] == "h100-sxm"
+    assert row["b_kv_bytes"] == 327_680
+    assert 14.3 <= round(row["kappa_crit"], 1) <= 14.6  # the issue: "≈ 14.3–14.6"
+    assert row["kappa_hw"] == 34e-6 and row["kappa_m"] == pytest.approx(430_603, rel=1e-4)
+
+
+def test_all_models_all_hardware_json_shape() -> None:
+    proc = run_cli("crit", "--json")
+    rows = json.loads(proc.stdout)
+    assert len(rows) >= 81
+    assert {"model", "hardware", "b_kv_bytes", "kappa_m", "kappa_hw", "kappa_crit"} <= set(rows[0])
+
+
+def test_paper_values_with_kappa_hw_override() -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(
+        app, ["crit", "-m", "llama-3.1-70b", "-m", "qwen3-235b-a22b", "-m", "deepseek-v3", "-w", "h100-sxm",
+              "--kappa-hw", "34e-6", "--json"])
+    crit = {r["model"]: r["kappa_crit"] for r in json.loads(result.stdout)}
+    assert crit["llama-3.1-70b"] == pytest.approx(14.3, rel=0.05)
+    assert crit["qwen3-235b-a22b"] == pytest.approx(7.8, rel=0.05)
+    assert crit["deepseek-v3"] == pytest.approx(36, rel=0.05)
+
+
+def test_link_and_compute_overrides_and_attention_aware_t() -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(
+        app, ["crit", "-m", "llama-3.1-70b", "-w", "h100-sxm", "--link-gbps", "34", "--c-eff-tflops", "1000",
+              "--new-tokens", "2048", "--json"])
+    (row,) = json.loads(result.stdout)
+    assert row["kappa_hw"] == pytest.approx(34e-6)
+    assert row["kappa_crit"] == pytest.approx(33.7, rel=0.01)
+
+
+def test_never_transfer_bound_is_null_in_json() -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["crit", "-m", "llama-3.1-70b", "-w", "h100-sxm", "--kappa-hw", "34e-6", "-T", "4000", "--json"])
+    assert json.loads(result.stdout)[0]["kappa_crit"] is None
+
+
+def test_table_output_and_unknown_model_error() -> None:
+    ok = run_cli("crit", "-m", "llama-3.1-8b", "-w", "b200")
+    assert ok.returncode == 0 and "llama-3.1-8b" in ok.stdout and "131,072" in ok.stdout
+    bad = run_cli("crit", "-m", "gpt-5")
+    assert bad.returncode == 2 and "unknown model 'gpt-5'" in bad.stderr

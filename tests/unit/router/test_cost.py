@@ -1,0 +1,92 @@
+"""Cost model: regimes, tiers, overlap, power caps and energy, on catalog profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.catalog import default_catalog
+from router import kappa as k
+from router.cost import BackendSpec, RequestShape, predict
+from router.kappa import Regime
+
+CATALOG = default_catalog()
+LLAMA_70B = CATALOG.model("llama-3.1-70b")
+
+
+def spec(hw: str = "h100-sxm", **kw: object) -> BackendSpec:
+    return BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw(hw), tensor_parallel=kw.pop("tensor_parallel", 4), **kw)
+
+
+def test_backend_spec_derives_kappa_crit_from_the_kappa_model() -> None:
+    backend = spec()
+    assert backend.kappa_crit == pytest.approx(k.kappa_crit(LLAMA_70B, backend.kappa_hw))
+    assert backend.kappa_hw == pytest.approx(k.kappa_hw(4 * 15e9, 4 * 989e12 * 0.45))
+
+
+def test_regime_flips_at_kappa_crit_of_the_request() -> None:
+    backend, new = spec(), 512
+    crit = k.kappa_crit(LLAMA_70B, backend.kappa_hw, new_tokens=new)
+    below = predict(RequestShape(0, 0.99 * crit * new, new, 1), backend)
+    above = predict(RequestShape(0, 1.01 * crit * new, new, 1), backend)
+    assert (below.regime, above.regime) == (Regime.COMPUTE, Regime.TRANSFER)
+    assert below.kappa_crit == pytest.approx(crit)
+
+
+def test_hbm_resident_kv_is_not_loaded() -> None:
+    backend = spec()
+    in_hbm = predict(RequestShape(50_000, 0, 100, 1), backend)
+    in_host = predict(RequestShape(0, 50_000, 100, 1), backend)
+    assert in_hbm.t_load_s == 0 and in_hbm.regime is Regime.COMPUTE
+    assert in_host.t_load_s == pytest.approx(50_000 * 327_680 / (4 * 15e9))
+    assert in_host.regime is Regime.TRANSFER and in_host.ttft_s > in_hbm.ttft_s
+    assert in_hbm.kappa_ratio == in_host.kappa_ratio == 500
+
+
+@pytest.mark.parametrize(("overlap", "combine"), [(True, max), (False, lambda a, b: a + b)], ids=["overlap", "serial"])
+def test_prefill_combines_load_and_compute(overlap: bool, combine) -> None:
+    est = predict(RequestShape(0, 4_000, 400, 1), spec(overlap_host_load=overlap))
+    assert est.prefill_s == pytest.approx(combine(est.t_compute_s, est.t_load_s))
+
+
+def test_bandwidth_rich_backend_wins_transfer_bound_and_compute_dense_wins_compute_bound() -> None:
+    gh200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("gh200"), tensor_parallel=4)
+    b200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("b200"), tensor_parallel=4)
+    high_kappa = RequestShape(0, 60_000, 200, 1)
+    big_prefill = RequestShape(0, 0, 30_000, 1)
+    assert predict(high_kappa, gh200).ttft_s < predict(high_kappa, b200).ttft_s
+    assert predict(big_prefill, b200).ttft_s < predict(big_prefill, gh200).ttft_s
+
+
+def test_power_cap_slows_compute_lowers_power_and_raises_kappa_crit() -> None:
+    full, capped = spec(), spec(power_cap_w=400)
+    shape = RequestShape(0, 0, 8_000, 1)
+    assert predict(shape, capped).t_compute_s > predict(shape, full).t_compute_s
+    assert capped.max_power_w == 4 * 400
+    assert capped.kappa_crit > full.kappa_crit
+
+
+def test_transfer_bound_prefill_draws_less_power() -> None:
+    backend = spec()
+    compute = predict(RequestShape(0, 0, 4_000, 1), backend)
+    transfer = predict(RequestShape(0, 20_000, 200, 1), backend)
+    assert transfer.regime is Regime.TRANSFER
+    compute_w = compute.energy_j / compute.prefill_s
+    transfer_w = transfer.energy_j / transfer.prefill_s
+    assert compute_w == pytest.approx(backend.max_power_w)
+    assert backend.idle_power_w < transfer_w < 0.5 * backend.max_power_w
+
+
+def test_ttft_and_e2e_compose() -> None:
+    est = predict(RequestShape(1_000, 0, 1_000, 101), spec(), queue_wait_s=0.25)
+    assert est.ttft_s == pytest.approx(0.25 + est.prefill_s + est.decode_step_s)
+    assert est.e2e_s == pytest.approx(est.ttft_s + 100 * est.decode_step_s)
+    assert est.kv_demand_bytes == pytest.approx((2_000 + 101) * 327_680)
+
+
+def test_link_override_replaces_profile_bandwidth() -> None:
+    assert spec(host_link_gb_s=55).link_bytes_per_s == 55e9
+
+
+def test_tensor_parallel_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        spec(tensor_parallel=0)
