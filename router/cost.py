@@ -8,7 +8,7 @@ for a concrete backend (DESIGN.md §3, "Cost of a request on backend b, tiers ex
     prefill   = max(t_compute, t_load)   when the backend overlaps loads with compute
                                          (layer-wise, LMCache-style), else their sum
     decode    = (active weight bytes + kv_bytes(context)) / (HBM bandwidth · TP)   per token
-    TTFT      = queue wait + prefill + one decode step
+    TTFT      = queue wait + prefill   (vLLM samples the first token at the end of the prefill step)
     E2E       = TTFT + (output_tokens − 1) · decode
     power     = idle + (P_max − idle) · utilisation,  P_max = min(power cap, TDP)
     energy    = power(prefill utilisation) · prefill + power(decode) · decode time
@@ -162,7 +162,7 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
     prefill = max(t_compute, t_load) if backend.overlap_host_load else t_compute + t_load
     context = shape.prompt_tokens + shape.output_tokens / 2.0
     decode_step = (model.active_weight_bytes + k.kv_bytes(model, context)) / backend.hbm_bandwidth_bytes_per_s
-    ttft = queue_wait_s + prefill + decode_step
+    ttft = queue_wait_s + prefill
     decode_time = max(shape.output_tokens - 1.0, 0.0) * decode_step
     utilisation = t_compute / prefill if prefill > 0 else 0.0
     energy = backend.power_w(utilisation) * prefill + backend.power_w(DECODE_POWER_UTILISATION) * decode_time

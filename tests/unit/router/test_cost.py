@@ -78,7 +78,7 @@ def test_transfer_bound_prefill_draws_less_power() -> None:
 
 def test_ttft_and_e2e_compose() -> None:
     est = predict(RequestShape(1_000, 0, 1_000, 101), spec(), queue_wait_s=0.25)
-    assert est.ttft_s == pytest.approx(0.25 + est.prefill_s + est.decode_step_s)
+    assert est.ttft_s == pytest.approx(0.25 + est.prefill_s)
     assert est.e2e_s == pytest.approx(est.ttft_s + 100 * est.decode_step_s)
     assert est.kv_demand_bytes == pytest.approx((2_000 + 101) * 327_680)
 

@@ -1,0 +1,341 @@
+"""A pure, step-driven model of one vLLM engine (one GPU or TP group) on given hardware.
+
+No asyncio and no clock inside: the caller asks for one `step` at a time, starting at a
+time it passes in, and gets back how long the step takes and what it produced. The HTTP
+server (`mock_vllm.server`) runs it in real time, the simulator (`sim/`) in virtual time.
+
+What it models (DESIGN.md §5):
+- Scheduling as vLLM v1's scheduler (``vllm/v1/core/sched/scheduler.py``): running requests
+  first (one decode token each, or the next prefill chunk), then waiting requests FIFO,
+  within ``max_num_seqs`` and a ``max_num_batched_tokens`` budget (chunked prefill); when
+  KV blocks run out for a running request, the most recently admitted one is preempted
+  (its blocks freed, recomputed later).
+- The paged prefix cache and host tier of `mock_vllm.kv_cache`; hits count whole blocks
+  and are capped at prompt − 1 tokens, as vLLM does.
+- Step time from the backend's profile (a roofline, `router.cost.BackendSpec` figures):
+  compute = FLOPs / C_eff (FLOPs from `router.kappa.prefill_flops`), HBM = (weights read +
+  KV read) / HBM bandwidth, load = host-tier KV bytes / sustained link bandwidth;
+  duration = max(compute, HBM, load) when loads overlap compute, else max(compute, HBM) + load.
+  MoE weights read per step: weight bytes × (1 − (1 − active/total)^tokens), the expected
+  share of experts a batch of that many tokens touches.
+- Power = idle + (P_max − idle) × utilisation, utilisation = max(compute, u_mem × HBM) /
+  duration with u_mem = `router.cost.DECODE_POWER_UTILISATION`; energy accumulates.
+- Every request generates exactly ``max_tokens`` tokens (EOS ignored), so traces replay exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, prompt_block_hashes
+from mock_vllm.types import EngineConfig, EngineStats, RequestOutput, StepResult
+from router import kappa
+from router.cost import DECODE_POWER_UTILISATION, BackendSpec
+
+GENERATED_TOKEN_BASE = 1000  # generated ids land in [1000, 51000): deterministic pseudo-text
+
+
+class EngineError(Exception):
+    """Base of the mock engine's errors."""
+
+
+class PromptTooLong(EngineError, ValueError):
+    """prompt + max_tokens exceeds max_model_len, or the KV cache could never hold the request."""
+
+
+class DuplicateRequest(EngineError, ValueError):
+    """A request id that is already in the engine."""
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    hashes: list[int]
+    arrival_s: float
+    prefill_target: int = 0  # tokens to prefill before the next token: the prompt, or after a
+    #                          preemption the prompt plus all but the last generated token
+    computed: int = 0  # tokens whose KV exists (cached, prefilled or decoded)
+    generated: int = 0
+    cached_tokens: int = 0  # prefix hit at the latest admission
+    cached_host_tokens: int = 0
+    held_hashes: list[int] = field(default_factory=list)  # cached blocks referenced, in order
+    anonymous_blocks: int = 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.prefill_target
+
+    @property
+    def blocks_held(self) -> int:
+        return len(self.held_hashes) + self.anonymous_blocks
+
+
+class MockEngine:
+    """One engine: add requests, call `step` while `has_unfinished`, read `stats`.
+
+    Args:
+        backend: model, hardware and deployment figures (`router.cost.BackendSpec`).
+        config: vLLM engine settings (`EngineConfig`).
+
+    Raises:
+        ValueError: the weights leave no HBM for even one KV block.
+    """
+
+    def __init__(self, backend: BackendSpec, config: EngineConfig | None = None) -> None:
+        self.backend = backend
+        self.config = config = config or EngineConfig()
+        model = backend.model
+        self.block_size = config.block_size_tokens
+        self.block_bytes = kappa.b_kv_bytes(model) * self.block_size
+        kv_budget = backend.hardware.hbm_bytes * backend.tensor_parallel * config.gpu_memory_utilization
+        num_gpu_blocks = int((kv_budget - model.weight_bytes) // self.block_bytes)
+        if num_gpu_blocks < 1:
+            raise ValueError(f"{model.name} weights leave no KV memory on {backend.hardware.name}")
+        self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes))
+        self.max_model_len_tokens = min(config.max_model_len_tokens or model.max_model_len_tokens,
+                                        num_gpu_blocks * self.block_size)
+        self.stats = EngineStats(num_gpu_blocks=num_gpu_blocks, num_host_blocks=self.cache.num_host_blocks)
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._requests: dict[str, _Request] = {}
+        self._dynamic_energy_j = 0.0
+        self._last_step: StepResult | None = None
+        self._start_s: float | None = None
+
+    # -- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int,
+                    arrival_s: float, cache_salt: str | None = None) -> None:
+        """Queue a request; it is scheduled by a later `step`.
+
+        Raises:
+            PromptTooLong: prompt + max_tokens > max_model_len (vLLM's message).
+            DuplicateRequest: ``request_id`` is in use.
+            ValueError: empty prompt or max_tokens < 1.
+        """
+        if request_id in self._requests:
+            raise DuplicateRequest(f"request id {request_id!r} is already running")
+        if not prompt_token_ids or max_tokens < 1:
+            raise ValueError("the prompt must hold at least one token and max_tokens must be >= 1")
+        prompt_len = len(prompt_token_ids)
+        if prompt_len + max_tokens > self.max_model_len_tokens:
+            raise PromptTooLong(
+                f"This model's maximum context length is {self.max_model_len_tokens} tokens. However, you "
+                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the "
+                "completion). Please reduce the length of the messages or completion."
+            )
+        if self._start_s is None:
+            self._start_s = arrival_s
+        req = _Request(request_id, prompt_len, max_tokens,
+                       prompt_block_hashes(prompt_token_ids, self.block_size, cache_salt), arrival_s, prompt_len)
+        self._requests[request_id] = req
+        self._waiting.append(req)
+        self._refresh_gauges()
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request (client gone); frees its blocks. Returns False if it is not here."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        if req in self._running:
+            self._running.remove(req)
+            self._free(req)
+        else:
+            self._waiting.remove(req)
+        self.stats.request_success_total["abort"] += 1
+        self._refresh_gauges()
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; refused (False) while any request holds blocks, as in vLLM."""
+        if self._running:
+            return False
+        self.cache.reset()
+        return True
+
+    # -- time and energy -----------------------------------------------------------------
+    def energy_j(self, now_s: float) -> float:
+        """Joules since the first request arrived: idle power over the whole span plus dynamic energy."""
+        if self._start_s is None:
+            return 0.0
+        return self.backend.idle_power_w * max(now_s - self._start_s, 0.0) + self._dynamic_energy_j
+
+    def power_w(self, now_s: float) -> float:
+        """Power draw at ``now_s``: the running step's, or idle between steps, W."""
+        step = self._last_step
+        if step is not None and step.start_s <= now_s < step.end_s:
+            return self.backend.power_w(step.utilisation)
+        return self.backend.idle_power_w
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self, now_s: float) -> StepResult:
+        """Schedule and run one batch starting at ``now_s`` (engine seconds).
+
+        Returns:
+            The step's duration, timing breakdown and one `RequestOutput` per request that
+            produced a token; outputs take effect at ``result.end_s``.
+
+        Raises:
+            RuntimeError: called with nothing to do (check `has_unfinished` first).
+        """
+        if not self._requests:
+            raise RuntimeError("step() with no unfinished requests")
+        budget = self.config.max_num_batched_tokens
+        work: list[tuple[_Request, int]] = []  # (request, tokens scheduled this step)
+        load_bytes = 0.0
+        for req in list(self._running):
+            if req not in self._running:
+                continue  # preempted earlier in this loop
+            tokens = min(req.prefill_target - req.computed, budget) if req.prefilling else 1
+            if tokens <= 0 or not self._grow(req, tokens, work):
+                continue
+            work.append((req, tokens))
+            budget -= tokens
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            admitted = self._admit(self._waiting[0], budget)
+            if admitted is None:
+                break
+            req, tokens, loaded = admitted
+            self._waiting.popleft()
+            self._running.append(req)
+            work.append((req, tokens))
+            budget -= tokens
+            load_bytes += loaded
+        if not work:
+            raise RuntimeError("no request could be scheduled (KV cache too small for the head of the queue)")
+        return self._run(now_s, work, load_bytes)
+
+    def _admit(self, req: _Request, budget: int) -> tuple[_Request, int, float] | None:
+        """Find the prefix hit, reference it, allocate the first chunk; None if KV is short."""
+        max_hit_blocks = (req.prefill_target - 1) // self.block_size
+        hbm_blocks, host_blocks = self.cache.match(req.hashes, max_hit_blocks)
+        hit = req.hashes[: hbm_blocks + host_blocks]
+        try:
+            self.cache.acquire_cached(hit)
+        except OutOfBlocks:
+            return None
+        req.held_hashes = list(hit)
+        req.computed = len(hit) * self.block_size
+        tokens = min(req.prefill_target - req.computed, budget)
+        need = math.ceil((req.computed + tokens) / self.block_size) - len(hit)
+        try:
+            self.cache.allocate_anonymous(need)
+        except OutOfBlocks:
+            self.cache.release(hit, 0)
+            req.held_hashes, req.computed = [], 0
+            return None
+        req.anonymous_blocks = need
+        if req.generated == 0:  # what the client is told is the first admission's hit
+            req.cached_tokens = req.computed
+            req.cached_host_tokens = host_blocks * self.block_size
+        s = self.stats
+        s.prefix_cache_queries_tokens += req.prefill_target
+        s.prefix_cache_hits_tokens += req.computed
+        if self.cache.num_host_blocks:
+            s.external_prefix_cache_queries_tokens += req.prompt_len - hbm_blocks * self.block_size
+            s.external_prefix_cache_hits_tokens += req.cached_host_tokens
+        s.prompt_tokens_by_source["local_compute"] += req.prefill_target - req.computed
+        s.prompt_tokens_by_source["local_cache_hit"] += hbm_blocks * self.block_size
+        s.prompt_tokens_by_source["external_kv_transfer"] += host_blocks * self.block_size
+        return req, tokens, host_blocks * self.block_bytes
+
+    def _grow(self, req: _Request, tokens: int, scheduled: list[tuple[_Request, int]]) -> bool:
+        """Allocate blocks for ``tokens`` more tokens, preempting the newest running requests if needed."""
+        need = math.ceil((req.computed + tokens) / self.block_size) - req.blocks_held
+        while True:
+            try:
+                self.cache.allocate_anonymous(max(need, 0))
+                req.anonymous_blocks += max(need, 0)
+                return True
+            except OutOfBlocks:
+                victim = self._running[-1]
+                self._preempt(victim, scheduled)
+                if victim is req:
+                    return False
+
+    def _preempt(self, req: _Request, scheduled: list[tuple[_Request, int]]) -> None:
+        self._running.remove(req)
+        self._free(req)
+        # Recompute preemption (vLLM v1): prompt and generated tokens are prefilled again.
+        req.prefill_target = max(req.prompt_len, req.prompt_len + req.generated - 1)
+        req.computed = 0
+        scheduled[:] = [(r, t) for r, t in scheduled if r is not req]
+        self._waiting.appendleft(req)
+        self.stats.num_preemptions_total += 1
+
+    def _free(self, req: _Request) -> None:
+        self.cache.release(req.held_hashes, req.anonymous_blocks)
+        req.held_hashes, req.anonymous_blocks = [], 0
+
+    def _run(self, now_s: float, work: list[tuple[_Request, int]], load_bytes: float) -> StepResult:
+        model, backend = self.backend.model, self.backend
+        flops = kv_read = 0.0
+        prefill_tokens = decode_tokens = 0
+        for req, tokens in work:
+            context = req.computed
+            flops += kappa.prefill_flops(model, context, tokens)
+            kv_read += kappa.kv_bytes(model, context)
+            if req.prefilling:
+                prefill_tokens += tokens
+            else:
+                decode_tokens += tokens
+        batch_tokens = prefill_tokens + decode_tokens
+        active_share = model.active_params / model.total_params
+        weights_read = model.weight_bytes * (1.0 - (1.0 - active_share) ** batch_tokens)
+        compute_s = flops / backend.c_eff_flops_per_s
+        hbm_s = (weights_read + kv_read) / backend.hbm_bandwidth_bytes_per_s
+        load_s = load_bytes / backend.link_bytes_per_s
+        base = max(compute_s, hbm_s)
+        duration = max(base, load_s) if backend.overlap_host_load else base + load_s
+        utilisation = max(compute_s, DECODE_POWER_UTILISATION * hbm_s) / duration
+        self._dynamic_energy_j += (backend.power_w(utilisation) - backend.idle_power_w) * duration
+        outputs = tuple(out for req, tokens in work if (out := self._advance(req, tokens)) is not None)
+        self.stats.host_kv_loaded_bytes_total += load_bytes
+        self._refresh_gauges()
+        result = StepResult(now_s, duration, outputs, compute_s, hbm_s, load_s, load_bytes,
+                            prefill_tokens, decode_tokens, utilisation)
+        self._last_step = result
+        return result
+
+    def _advance(self, req: _Request, tokens: int) -> RequestOutput | None:
+        """Apply a step's progress to one request; the output it produced, if any."""
+        before = req.computed
+        req.computed += tokens
+        if before < req.prefill_target:
+            self._seal_full_blocks(req, before)
+            if req.prefilling:
+                return None
+            if req.generated == 0:
+                self.stats.prompt_tokens_total += req.prompt_len
+        token_id = GENERATED_TOKEN_BASE + (req.prompt_len * 7919 + req.generated * 104729) % 50000
+        req.generated += 1
+        self.stats.generation_tokens_total += 1
+        finished = req.generated >= req.max_tokens
+        if finished:
+            self._running.remove(req)
+            self._free(req)
+            del self._requests[req.request_id]
+            self.stats.request_success_total["length"] += 1
+        return RequestOutput(req.request_id, (token_id,), req.prompt_len, req.cached_tokens,
+                             req.cached_host_tokens, req.generated, finished, "length" if finished else None)
+
+    def _seal_full_blocks(self, req: _Request, computed_before: int) -> None:
+        """Name the prompt blocks this chunk completed by their hashes (they become cacheable)."""
+        first = computed_before // self.block_size
+        last = min(req.computed, req.prompt_len) // self.block_size
+        for i in range(max(first, len(req.held_hashes)), min(last, len(req.hashes))):
+            self.cache.seal(req.hashes[i])
+            req.held_hashes.append(req.hashes[i])
+            req.anonymous_blocks -= 1
+
+    def _refresh_gauges(self) -> None:
+        self.stats.num_requests_running = len(self._running)
+        self.stats.num_requests_waiting = len(self._waiting)
+        self.stats.kv_cache_usage_ratio = self.cache.usage_ratio

@@ -1,0 +1,168 @@
+"""Paged KV cache with prefix caching and an optional host (CPU offload) tier.
+
+Modelled on vLLM v1's KV cache manager (``vllm/v1/core/kv_cache_manager.py``,
+``block_pool.py``): fixed-size blocks; a full block of prompt tokens is named by a chained
+hash of its tokens (the first block seeded by ``cache_salt``), so a later request whose
+prompt starts with the same tokens finds it; blocks no running request references stay
+cached but are free to evict, least recently used first. Evicted blocks go to the host
+tier when there is one (LMCache/vLLM offloading-connector style), itself LRU; a prefix hit
+there must be loaded back into HBM before use.
+
+Only counts and hashes are kept, not block ids: nothing here needs to know *where* a block
+lives, only whether it is resident, referenced, or free.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import xxhash
+
+
+class OutOfBlocks(Exception):
+    """Not enough free HBM blocks for an allocation (the caller preempts or waits)."""
+
+
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: str | None) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none).
+
+    h_i = xxh3_64(tokens of block i as uint32, seed=h_{i−1}); h_{−1} = xxh3_64(cache_salt).
+    The mock's own hash space, independent of the gateway's (like vLLM's and llm-d's).
+    """
+    tokens = array("I", token_ids).tobytes()
+    stride = 4 * block_size
+    h = xxhash.xxh3_64_intdigest((cache_salt or "").encode())
+    hashes = []
+    for start in range(0, (len(token_ids) // block_size) * stride, stride):
+        h = xxhash.xxh3_64_intdigest(tokens[start : start + stride], seed=h)
+        hashes.append(h)
+    return hashes
+
+
+class PagedKVCache:
+    """Block accounting for one engine: HBM blocks (cached, referenced, anonymous, free) and host blocks.
+
+    Args:
+        num_gpu_blocks: HBM blocks for KV (vLLM's ``num_gpu_blocks``), ≥ 1.
+        num_host_blocks: host-tier blocks (0 = no offloading), ≥ 0.
+    """
+
+    def __init__(self, num_gpu_blocks: int, num_host_blocks: int = 0) -> None:
+        if num_gpu_blocks < 1 or num_host_blocks < 0:
+            raise ValueError("num_gpu_blocks must be >= 1 and num_host_blocks >= 0")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_host_blocks = num_host_blocks
+        self._refs: dict[int, int] = {}  # cached (hashed) HBM blocks -> reference count
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with refs 0, LRU first
+        self._anonymous = 0  # referenced blocks with no hash (partial or generated tokens)
+        self._host: OrderedDict[int, None] = OrderedDict()  # host-tier hashes, LRU first
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take: never used, or cached but unreferenced (evictable)."""
+        return self.num_gpu_blocks - len(self._refs) - self._anonymous + len(self._evictable)
+
+    @property
+    def usage_ratio(self) -> float:
+        """vLLM's ``kv_cache_usage_perc``: 1 − free/total, a fraction in [0, 1]."""
+        return 1.0 - self.num_free_blocks / self.num_gpu_blocks
+
+    def match(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
+        """Longest cached prefix of ``hashes`` (at most ``max_blocks``): (HBM blocks, host blocks).
+
+        The prefix is contiguous; each block is counted in HBM if resident there, else in
+        the host tier. Nothing is touched or referenced.
+        """
+        hbm = host = 0
+        for h in hashes[:max_blocks]:
+            if h in self._refs:
+                hbm += 1
+            elif h in self._host:
+                host += 1
+            else:
+                break
+        return hbm, host
+
+    # -- changes -------------------------------------------------------------------------
+    def acquire_cached(self, hashes: Sequence[int]) -> None:
+        """Reference prefix blocks found by `match`; host-tier ones are loaded into HBM first.
+
+        Raises:
+            OutOfBlocks: loading the host-tier blocks needs more free HBM blocks than there are
+                (nothing changed).
+        """
+        to_load = [h for h in hashes if h not in self._refs]
+        if len(to_load) > self._free_after_protecting(hashes):
+            raise OutOfBlocks
+        for h in hashes:
+            if h in self._refs:
+                self._touch_ref(h)
+        for h in to_load:  # most recent in the host tier, so evictions below cannot drop them
+            self._host.move_to_end(h)
+        for h in to_load:
+            self._evict_one_if_needed()
+            self._refs[h] = 1
+
+    def allocate_anonymous(self, n: int) -> None:
+        """Take ``n`` blocks for tokens that have no hash yet. Raises OutOfBlocks (nothing changed)."""
+        if n > self.num_free_blocks:
+            raise OutOfBlocks
+        for _ in range(n):
+            self._evict_one_if_needed()
+            self._anonymous += 1
+
+    def seal(self, block_hash: int) -> bool:
+        """An anonymous block became full with known tokens: name it by ``block_hash``.
+
+        Returns False when another request had already cached that block: the anonymous
+        block is then released and the cached one referenced instead (vLLM deduplicates).
+        """
+        self._anonymous -= 1
+        if block_hash in self._refs:
+            self._touch_ref(block_hash)
+            return False
+        self._refs[block_hash] = 1
+        return True
+
+    def release(self, cached_hashes: Sequence[int], anonymous: int) -> None:
+        """Drop a request's references; unreferenced cached blocks become evictable (LRU tail)."""
+        self._anonymous -= anonymous
+        # vLLM frees in reverse so a request's deeper blocks are evicted before its prefix.
+        for h in reversed(cached_hashes):
+            refs = self._refs[h] - 1
+            self._refs[h] = refs
+            if refs == 0:
+                self._evictable[h] = None
+
+    def reset(self) -> None:
+        """Forget every cached block (``POST /reset_prefix_cache``); only valid when none is referenced."""
+        if self._anonymous or len(self._evictable) != len(self._refs):
+            raise RuntimeError("reset with referenced blocks")
+        self._refs.clear()
+        self._evictable.clear()
+        self._host.clear()
+
+    # -- internals -----------------------------------------------------------------------
+    def _free_after_protecting(self, hashes: Sequence[int]) -> int:
+        protected = sum(1 for h in hashes if h in self._evictable)
+        return self.num_free_blocks - protected
+
+    def _touch_ref(self, h: int) -> None:
+        if self._refs[h] == 0:
+            del self._evictable[h]
+        self._refs[h] += 1
+
+    def _evict_one_if_needed(self) -> None:
+        """Make one never-used block available, evicting the LRU cached block if none is."""
+        if self.num_gpu_blocks - len(self._refs) - self._anonymous > 0:
+            return
+        victim, _ = self._evictable.popitem(last=False)
+        del self._refs[victim]
+        if self.num_host_blocks:
+            self._host[victim] = None
+            self._host.move_to_end(victim)
+            while len(self._host) > self.num_host_blocks:
+                self._host.popitem(last=False)
