@@ -1,0 +1,43 @@
+"""Routing policies, one per module, chosen by name in the gateway config.
+
+| name | module | category |
+| --- | --- | --- |
+| ``kappa`` (default) | `router.policies.kappa` | cost-based: least predicted TTFT, memory-aware |
+| ``round-robin`` | `router.policies.round_robin` | distribution |
+| ``least-loaded`` | `router.policies.least_loaded` | distribution |
+| ``prefix-affinity`` | `router.policies.prefix_affinity` | affinity (SGLang cache_aware) |
+| ``weighted`` | `router.policies.weighted` | affinity + distribution (llm-d default scorers) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from router.policies.base import Policy, PolicyConfigError
+from router.policies.kappa import KappaPolicy
+from router.policies.least_loaded import LeastLoadedPolicy
+from router.policies.prefix_affinity import PrefixAffinityPolicy
+from router.policies.round_robin import RoundRobinPolicy
+from router.policies.weighted import WeightedPolicy
+
+POLICY_TYPES = {
+    cls.name: cls for cls in (KappaPolicy, RoundRobinPolicy, LeastLoadedPolicy, PrefixAffinityPolicy, WeightedPolicy)
+}
+POLICY_NAMES = tuple(POLICY_TYPES)
+
+
+def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """A fresh policy object from its config name and parameters.
+
+    Raises:
+        PolicyConfigError: unknown name, unknown parameter or bad value (the message names it).
+    """
+    try:
+        cls = POLICY_TYPES[name]
+    except KeyError:
+        raise PolicyConfigError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})") from None
+    return cls.from_params(params or {})
+
+
+__all__ = ["POLICY_NAMES", "Policy", "PolicyConfigError", "build_policy"]

@@ -1,0 +1,103 @@
+"""The router's inputs and outputs: immutable snapshots in, a ranked decision out.
+
+The gateway (live) and the simulator (virtual time) build these from what they know —
+the prefix index's match, the in-flight ledger, scraped vLLM metrics — so every policy is
+a function of plain values, table-testable without I/O (STYLE.md B1, llm-d's scorers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.cost import BackendSpec, CostEstimate
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What the router knows of a request before sending it.
+
+    Args:
+        model: the requested model name.
+        prompt_tokens: P, the estimated prompt length (tokens).
+        max_tokens: tokens the request may generate (its KV grows by this much).
+        prompt_blocks: full index blocks in the prompt's hash chain.
+        block_size_tokens: tokens one index block stands for (bytes per block ÷ bytes per token).
+    """
+
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    prompt_blocks: int
+    block_size_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """One candidate backend as the router sees it at decision time.
+
+    Index figures are in index blocks; the ledger figures are the gateway's own (updated
+    at decision time, not after); the scraped ones lag by the scrape interval.
+
+    Args:
+        backend_id: the config's id.
+        spec: static model/hardware figures.
+        matched_blocks, hbm_blocks, host_blocks: the prefix index's match for this request.
+        cached_blocks: blocks the index holds for this backend (its "tree size").
+        in_flight: requests the gateway has sent there and not seen finish.
+        kv_demand_bytes: KV bytes charged to those requests ((K+T+max_tokens)·B_kv each).
+        outstanding_prefill_s: predicted prefill seconds of those not yet past first token.
+        kv_capacity_bytes: KV memory of the backend (scraped num_gpu_blocks × block bytes, or
+            the profile's HBM minus weights).
+        num_requests_waiting, num_requests_running, kv_cache_usage_ratio: scraped from /metrics.
+    """
+
+    backend_id: str
+    spec: BackendSpec
+    matched_blocks: int = 0
+    hbm_blocks: int = 0
+    host_blocks: int = 0
+    cached_blocks: int = 0
+    in_flight: int = 0
+    kv_demand_bytes: float = 0.0
+    outstanding_prefill_s: float = 0.0
+    kv_capacity_bytes: float = 0.0
+    num_requests_waiting: int = 0
+    num_requests_running: int = 0
+    kv_cache_usage_ratio: float = 0.0
+
+    @property
+    def free_kv_bytes(self) -> float:
+        return self.kv_capacity_bytes - self.kv_demand_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One backend's figures for this request (tokens; the cost model's estimate)."""
+
+    backend_id: str
+    cached_hbm_tokens: int
+    cached_host_tokens: int
+    new_tokens: int
+    estimate: CostEstimate
+    admitted: bool  # (K+T+max_tokens)·B_kv fits its free KV memory
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.cached_hbm_tokens + self.cached_host_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The policy's choice and its fallbacks.
+
+    ``ranked`` lists every candidate best first: ``ranked[0]`` is the choice, the rest are
+    where a retry goes (a connect error or 5xx before the first byte).
+    """
+
+    policy: str
+    ranked: tuple[Candidate, ...]
+    reason: str
+
+    @property
+    def chosen(self) -> Candidate:
+        return self.ranked[0]
