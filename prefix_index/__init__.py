@@ -1,0 +1,56 @@
+"""Prefix index: canonical bytes, chained block hashes, and where each backend caches them.
+
+Public surface (DESIGN.md §4)::
+
+    canonical   request body -> canonical UTF-8 bytes (chat, completions, cache_salt)
+    hashing     bytes -> chained xxh3-64 block hashes, seeded by model and cache_salt
+    base        PrefixIndex protocol, TierCapacity, BlockMatch, IndexStats
+    memory_index / redis_index   the two implementations (same contract tests)
+    errors      PrefixIndexError tree
+
+Typical request path::
+
+    data = chat_canonical_bytes(body)
+    seed = chain_seed(model, cache_salt(body))
+    hashes = block_hashes(data, block_size_bytes=size, seed=seed)
+    matches = await index.match(model, hashes, capacities)
+"""
+
+from prefix_index.base import BlockMatch, IndexStats, PrefixIndex, TierCapacity
+from prefix_index.canonical import (
+    cache_salt,
+    chat_canonical_bytes,
+    completion_canonical_bytes,
+    completion_prompts,
+)
+from prefix_index.errors import CanonicalizationError, IndexUnavailable, PrefixIndexError
+from prefix_index.hashing import (
+    BYTES_PER_TOKEN_ESTIMATE,
+    DEFAULT_BLOCK_SIZE_TOKENS,
+    block_hashes,
+    block_size_bytes,
+    chain_seed,
+)
+from prefix_index.memory_index import MemoryPrefixIndex
+from prefix_index.redis_index import RedisPrefixIndex
+
+__all__ = [
+    "BYTES_PER_TOKEN_ESTIMATE",
+    "DEFAULT_BLOCK_SIZE_TOKENS",
+    "BlockMatch",
+    "CanonicalizationError",
+    "IndexStats",
+    "IndexUnavailable",
+    "MemoryPrefixIndex",
+    "PrefixIndex",
+    "PrefixIndexError",
+    "RedisPrefixIndex",
+    "TierCapacity",
+    "block_hashes",
+    "block_size_bytes",
+    "cache_salt",
+    "chain_seed",
+    "chat_canonical_bytes",
+    "completion_canonical_bytes",
+    "completion_prompts",
+]

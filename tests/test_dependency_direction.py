@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,18 @@ def test_package_imports_only_what_design_allows(package: str) -> None:
         if bad:
             violations.append(f"{rel} imports {sorted(bad)}")
     assert not violations, "DESIGN.md §2 dependency direction broken:\n" + "\n".join(violations)
+
+
+def test_prefix_index_imports_only_stdlib_xxhash_sortedcontainers() -> None:
+    """STYLE.md B2 as an allow-list: stdlib, xxhash, sortedcontainers; redis only in redis_index.py."""
+    allowed = set(sys.stdlib_module_names) | {"xxhash", "sortedcontainers", "prefix_index"}
+    violations = []
+    for path in python_files("prefix_index"):
+        rel = path.relative_to(ROOT).as_posix()
+        extra = imported_top_levels(path) - allowed - ({"redis"} if rel in REDIS_ALLOWED else set())
+        if extra:
+            violations.append(f"{rel} imports {sorted(extra)}")
+    assert not violations, "\n".join(violations)
 
 
 def test_router_reads_no_clock() -> None:

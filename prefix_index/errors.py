@@ -1,0 +1,40 @@
+"""Exceptions raised by the prefix index.
+
+Every error this package raises derives from one base, so a caller can catch the
+package as a whole or one failure precisely (shape of ``httpx/_exceptions.py``)::
+
+    PrefixIndexError
+     ├── IndexUnavailable          backend store unreachable, slow or failing
+     └── CanonicalizationError     request body cannot be turned into canonical bytes
+                                   (also a ``ValueError``)
+
+Foreign exceptions are translated once, at the seam: ``redis.exceptions.*`` and
+timeouts become :class:`IndexUnavailable` in ``redis_index.py`` only, raised
+``from`` the original so the cause stays in the traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CanonicalizationError", "IndexUnavailable", "PrefixIndexError"]
+
+
+class PrefixIndexError(Exception):
+    """Base class of every error raised by :mod:`prefix_index`."""
+
+
+class IndexUnavailable(PrefixIndexError):
+    """The index's backing store could not answer within its time budget.
+
+    Raised by :class:`prefix_index.redis_index.RedisPrefixIndex` for a refused or
+    dropped connection, a timeout, or any other Redis error. Callers on the request
+    path degrade on purpose: treat it as "no prefix match" and count it.
+    """
+
+
+class CanonicalizationError(PrefixIndexError, ValueError):
+    """A request body has a shape the canonicaliser cannot represent.
+
+    For example ``messages`` that is not a list, message content that is neither a
+    string nor a list of parts, or a token id that is not a non-negative int. The
+    message names the offending field (``messages[2].content``).
+    """

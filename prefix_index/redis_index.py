@@ -1,0 +1,319 @@
+"""Redis-backed prefix index, shared by several gateway replicas.
+
+This module owns :class:`RedisPrefixIndex`, the ``base.PrefixIndex`` semantics kept in
+Redis sorted sets (https://redis.io/docs/latest/develop/data-types/sorted-sets/), and it
+is the one place where ``redis.exceptions.*`` and timeouts become ``IndexUnavailable``.
+
+Keys (``P`` = key prefix, ``{M}`` = the model as a Redis Cluster hash tag, so all of one
+model's keys share a slot; ``%``, ``{`` and ``}`` in the model are %-escaped)::
+
+    P:{M}:blocks:<backend_id>    ZSET  member = 8-byte big-endian hash, score = logical clock
+    P:{M}:clock                  INT   the model's logical clock (INCRBY n per record)
+    P:backend-models:<backend>   SET   models with a blocks key for the backend (forget/stats)
+
+Round trips: ``match`` is one EVALSHA whose Lua script (``redis_lua.py``) runs
+``base.match_chain``'s two binary searches per backend with ZREVRANK; ``record`` is one
+pipelined round trip of EVALSHA (INCRBY, ZADD, ZREMRANGEBYRANK) plus SADD to the
+registry. Hashes travel as one packed ARGV string, sliced in Lua only where probed.
+
+Cluster caveat: the registry key lives in another slot than the model's keys, so
+``record`` is not atomic across the two and ``forget`` is SMEMBERS then UNLINK/SREM; a
+record racing a forget can leave a blocks key the registry misses until that (model,
+backend) is recorded again. This class takes a ``redis.asyncio.Redis``; a cluster client
+is future work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import struct
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
+from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, TierCapacity, check_hashes
+from prefix_index.errors import IndexUnavailable
+from prefix_index.redis_lua import MATCH_LUA, RECORD_LUA
+
+__all__ = [
+    "DEFAULT_ADMIN_TIMEOUT_S",
+    "DEFAULT_KEY_PREFIX",
+    "DEFAULT_TIMEOUT_S",
+    "RedisPrefixIndex",
+]
+
+DEFAULT_KEY_PREFIX = "kappa"
+# Request-path budget per call: a same-zone Redis answers a match for 8 backends in
+# ~0.1-0.5 ms (bench/index_bench.py), so 50 ms is ~100x headroom yet small next to the
+# hundreds of ms of a long prefill; past it the router proceeds without prefix hints.
+DEFAULT_TIMEOUT_S = 0.05
+# forget and stats run off the request path and may touch every key of a backend.
+DEFAULT_ADMIN_TIMEOUT_S = 5.0
+
+_T = TypeVar("_T")
+
+
+class RedisPrefixIndex:
+    """``PrefixIndex`` in Redis: shared by gateway replicas, survives gateway restarts.
+
+    Every call runs under an ``asyncio.timeout`` deadline and raises only
+    ``IndexUnavailable`` (or ``ValueError`` for bad hashes). Give a caller-owned client a
+    ``socket_timeout`` near ``timeout_s`` and few retries, as :meth:`from_url` does:
+    redis-py wraps socket writes in ``asyncio.wait_for``, which on Python 3.11 can
+    swallow a cancellation that lands as the write completes (CPython gh-86296, fixed in
+    3.12), and then only the socket timeout bounds the read that follows.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` (``decode_responses`` either way). The caller
+            owns it and closes it, unless ``owns_client`` is true.
+        key_prefix: first segment of every key; no ``{`` or ``}`` (they would become
+            the Cluster hash tag).
+        timeout_s: deadline of ``match`` and ``record``, in seconds, > 0.
+        admin_timeout_s: deadline of ``forget`` and ``stats``, in seconds, > 0.
+        owns_client: close ``client`` in :meth:`aclose`.
+
+    Raises:
+        ValueError: a bad ``key_prefix`` or timeout.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        admin_timeout_s: float = DEFAULT_ADMIN_TIMEOUT_S,
+        owns_client: bool = False,
+    ) -> None:
+        if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            raise ValueError(f"key_prefix must be non-empty without braces, got {key_prefix!r}")
+        for name, value in (("timeout_s", timeout_s), ("admin_timeout_s", admin_timeout_s)):
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        self._client = client
+        self._prefix = key_prefix
+        self._timeout_s = timeout_s
+        self._admin_timeout_s = admin_timeout_s
+        self._owns_client = owns_client
+        self._match_script = client.register_script(MATCH_LUA)
+        self._record_script = client.register_script(RECORD_LUA)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        admin_timeout_s: float = DEFAULT_ADMIN_TIMEOUT_S,
+    ) -> RedisPrefixIndex:
+        """Create an index with its own client, closed by :meth:`aclose`.
+
+        The client's connect and socket timeouts are ``timeout_s`` (each ``forget``/
+        ``stats`` command is still a single quick read) and it does not retry: a retry
+        cannot fit in the request's deadline, and the next request tries again.
+
+        Args:
+            url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
+            key_prefix, timeout_s, admin_timeout_s: as for the constructor.
+
+        Returns:
+            A ready index; connections open lazily on first use.
+        """
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cls(
+            client,
+            key_prefix=key_prefix,
+            timeout_s=timeout_s,
+            admin_timeout_s=admin_timeout_s,
+            owns_client=True,
+        )
+
+    async def match(
+        self, model: str, hashes: Sequence[int], capacities: Mapping[str, TierCapacity]
+    ) -> dict[str, BlockMatch]:
+        """Return each candidate backend's cached prefix of a chain, in one round trip.
+
+        Args:
+            model: served model name.
+            hashes: the chain, ints in [0, 2**64).
+            capacities: candidate backend id -> tier capacity, in blocks.
+
+        Returns:
+            One ``BlockMatch`` per backend id in ``capacities``, in its order.
+
+        Raises:
+            IndexUnavailable: Redis failed or did not answer within ``timeout_s``.
+            ValueError: a hash outside [0, 2**64).
+        """
+        check_hashes(hashes)
+        if not hashes or not capacities:
+            return {backend_id: NO_MATCH for backend_id in capacities}
+        keys = [self._blocks_key(model, backend_id) for backend_id in capacities]
+        args: list[Any] = []
+        for capacity in capacities.values():
+            args += (capacity.hbm_blocks, capacity.host_blocks)
+        args.append(_pack(hashes))
+        flat = await self._bounded(
+            "match", self._timeout_s, lambda: self._match_script(keys=keys, args=args)
+        )
+        return {
+            backend_id: BlockMatch(*flat[3 * i : 3 * i + 3])
+            for i, backend_id in enumerate(capacities)
+        }
+
+    async def record(
+        self, model: str, backend_id: str, hashes: Sequence[int], capacity: TierCapacity
+    ) -> None:
+        """Touch the chain on ``backend_id`` and trim to capacity, in one round trip.
+
+        Args:
+            model: served model name.
+            backend_id: the backend that served the chain.
+            hashes: the chain, ints in [0, 2**64); empty is a no-op.
+            capacity: the backend's capacity; only ``total_blocks`` blocks stay.
+
+        Raises:
+            IndexUnavailable: Redis failed or did not answer within ``timeout_s``.
+            ValueError: a hash outside [0, 2**64).
+        """
+        check_hashes(hashes)
+        if not hashes:
+            return
+        # Blocks past total_blocks would get the lowest scores and be trimmed at once.
+        packed = _pack(hashes[: capacity.total_blocks])
+        keys = (self._blocks_key(model, backend_id), self._clock_key(model))
+        script = self._record_script
+
+        async def send() -> list[Any]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, capacity.total_blocks, packed)
+                pipe.sadd(self._registry_key(backend_id), model)
+                return await pipe.execute()
+
+        async def send_loading_script() -> list[Any]:
+            try:
+                return await send()
+            except NoScriptError:  # first use, or Redis restarted / SCRIPT FLUSHed
+                script.sha = await self._client.script_load(script.script)
+                return await send()
+
+        await self._bounded("record", self._timeout_s, send_loading_script)
+
+    async def forget(self, backend_id: str) -> None:
+        """Drop every entry of ``backend_id``, for all models (two round trips).
+
+        Raises:
+            IndexUnavailable: Redis failed or did not answer within ``admin_timeout_s``.
+        """
+        registry = self._registry_key(backend_id)
+
+        async def run() -> None:
+            models = await self._client.smembers(registry)
+            if not models:
+                return
+            async with self._client.pipeline(transaction=False) as pipe:
+                for raw in models:
+                    pipe.unlink(self._blocks_key(_text(raw), backend_id))
+                    pipe.srem(registry, raw)
+                await pipe.execute()
+
+        await self._bounded("forget", self._admin_timeout_s, run)
+
+    async def stats(self) -> IndexStats:
+        """Return blocks per backend (ZCARD) and ``MEMORY USAGE`` of the index's keys.
+
+        Finds backends by SCANning the registry keys; slow on big indexes, so keep it
+        off the request path.
+
+        Raises:
+            IndexUnavailable: Redis failed or did not answer within ``admin_timeout_s``.
+        """
+        registry_head = f"{self._prefix}:backend-models:"
+
+        async def run() -> IndexStats:
+            pattern = _glob_escape(registry_head) + "*"
+            registries = [key async for key in self._client.scan_iter(match=pattern, count=1000)]
+            block_keys: list[tuple[str, str]] = []  # (backend_id, key)
+            other_keys: set[str] = set()
+            for registry in registries:
+                name = _text(registry)
+                backend_id = name[len(registry_head) :]
+                other_keys.add(name)
+                for raw in await self._client.smembers(registry):
+                    model = _text(raw)
+                    block_keys.append((backend_id, self._blocks_key(model, backend_id)))
+                    other_keys.add(self._clock_key(model))
+            async with self._client.pipeline(transaction=False) as pipe:
+                for _, key in block_keys:
+                    pipe.zcard(key)
+                    pipe.memory_usage(key, samples=0)
+                for key in other_keys:
+                    pipe.memory_usage(key, samples=0)
+                replies = await pipe.execute()
+            blocks: dict[str, int] = {}
+            for (backend_id, _), count in zip(block_keys, replies[0 : 2 * len(block_keys) : 2]):
+                if count:
+                    blocks[backend_id] = blocks.get(backend_id, 0) + count
+            memory = sum(
+                r or 0 for r in replies[1 : 2 * len(block_keys) : 2] + replies[2 * len(block_keys) :]
+            )
+            return IndexStats(blocks_by_backend=blocks, memory_bytes=memory)
+
+        return await self._bounded("stats", self._admin_timeout_s, run)
+
+    async def aclose(self) -> None:
+        """Close the client if this index owns it (``from_url``); else do nothing."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _bounded(self, what: str, timeout_s: float, op: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``op`` under a deadline; translate timeouts and Redis errors, once."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await op()
+        except TimeoutError as exc:
+            raise IndexUnavailable(f"redis {what} took longer than {timeout_s} s") from exc
+        except RedisError as exc:
+            raise IndexUnavailable(f"redis {what} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _blocks_key(self, model: str, backend_id: str) -> str:
+        return f"{self._prefix}:{{{_tag(model)}}}:blocks:{backend_id}"
+
+    def _clock_key(self, model: str) -> str:
+        return f"{self._prefix}:{{{_tag(model)}}}:clock"
+
+    def _registry_key(self, backend_id: str) -> str:
+        return f"{self._prefix}:backend-models:{backend_id}"
+
+
+def _pack(hashes: Sequence[int]) -> bytes:
+    """Hashes as one string of 8-byte big-endian words (sliced in Lua)."""
+    return struct.pack(f">{len(hashes)}Q", *hashes)
+
+
+def _text(value: bytes | str) -> str:
+    """A key or member as text, whether or not the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _tag(model: str) -> str:
+    """The model as a hash-tag body: %-escape ``%``, ``{`` and ``}`` (injective)."""
+    if "%" in model or "{" in model or "}" in model:
+        return model.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    return model
+
+
+def _glob_escape(text: str) -> str:
+    """Escape Redis glob metacharacters so SCAN MATCH treats ``text`` literally."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
