@@ -1,14 +1,16 @@
 """The ``kappa-gateway`` command line.
 
-Subcommands so far: ``crit`` (κ_crit table for model × hardware). ``serve``, ``demo``,
-``mock-vllm``, ``replay`` and ``sim`` arrive with their issues; until then they are absent,
-not stubbed.
+Subcommands include ``crit`` (κ_crit table for model × hardware) and ``mock-vllm`` (a
+vLLM-compatible mock backend, `mock_vllm.app_factory`); commands arrive with their
+issues and are absent until then, not stubbed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -80,6 +82,172 @@ def crit(
         "A request is transfer-bound on a backend when K_host / T exceeds its κ_crit. "
         "Sliding-window models: B_kv is nominal over all layers (--json adds b_kv_full_attention_bytes)."
     )
+
+
+# uvicorn waits forever for open streams by default (STYLE.md B7); a mock stream is cut after this.
+MOCK_VLLM_GRACEFUL_SHUTDOWN_S = 5.0
+
+
+@app.command("mock-vllm")
+def mock_vllm(
+    model: Annotated[str, typer.Option("--model", "-m", help="catalog model name")] = "llama-3.1-8b",
+    hardware: Annotated[str, typer.Option("--hardware", "-w", help="catalog hardware name")] = "h100-sxm",
+    host_tier_gb: Annotated[float, typer.Option("--host-tier-gb", min=0, help="CPU KV offload tier, GB (0: none)")] = 0.0,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8001,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    time_scale: Annotated[float, typer.Option(
+        "--time-scale", help="wall seconds per modelled second, > 0 (0.01 = 100x faster)")] = 1.0,
+    power_cap_w: Annotated[float | None, typer.Option("--power-cap-w", help="board power cap, W")] = None,
+    tensor_parallel: Annotated[int, typer.Option("--tensor-parallel", min=1, help="GPUs in the TP group")] = 1,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="vLLM --max-num-seqs (default 256)")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens (default 8192)")] = None,
+    served_model_name: Annotated[str | None, typer.Option(
+        "--served-model-name", help="model name clients send (default: the catalog name)")] = None,
+) -> None:
+    """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE."""
+    import uvicorn
+
+    from mock_vllm.app_factory import build_app
+
+    catalog = default_catalog()
+    try:
+        app_ = build_app(
+            catalog.model(model), catalog.hw(hardware), host_tier_gb=host_tier_gb, power_cap_w=power_cap_w,
+            tensor_parallel=tensor_parallel, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            time_scale=time_scale, served_model_name=served_model_name,
+        )
+    except ValueError as exc:  # ProfileError (unknown model/hardware) or a bad setting
+        raise typer.BadParameter(str(exc)) from exc
+    uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S)
+
+
+# uvicorn waits forever for open streams by default (STYLE.md B7): the config sets the bound.
+@app.command()
+def serve(
+    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")] = Path("config/fleet.local.yaml"),
+    host: Annotated[str | None, typer.Option("--host", help="listen address (default: the config's)")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="listen port (default: the config's)")] = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+) -> None:
+    """Run the gateway: an OpenAI-compatible proxy that routes the config's fleet by κ."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    settings = _load(config)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=host or settings.gateway.host, port=port or settings.gateway.port,
+                timeout_graceful_shutdown=settings.gateway.graceful_shutdown_timeout_s, log_level=log_level,
+                access_log=False)
+
+
+@app.command("mock-fleet")
+def mock_fleet_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")] = Path("config/fleet.local.yaml"),
+    time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second (0.01 = 100x faster)")] = 1.0,
+) -> None:
+    """Start a mock vLLM backend for every local backend in the config; Ctrl-C stops them all."""
+    import signal
+    import sys
+    import time
+
+    from gateway.fleet import local_backends, mock_fleet
+
+    settings = _load(config)
+    with mock_fleet(settings, time_scale=time_scale, quiet=False) as procs:
+        for backend, proc in zip(local_backends(settings), procs, strict=True):
+            typer.echo(f"{backend.id}: {backend.hardware} x{backend.tensor_parallel} at {backend.url} (pid {proc.pid})")
+        typer.echo("mock fleet up; Ctrl-C to stop")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.5)  # supervising: wake to notice a child that died
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
+def demo(
+    requests: Annotated[int, typer.Option("--requests", "-n", min=1, help="how many requests to replay")] = 150,
+    trace: Annotated[Path | None, typer.Option("--trace", help="a real trace (Mooncake JSONL, Azure CSV, ShareGPT JSON) instead of the built-in generator")] = None,
+    rate: Annotated[float, typer.Option("--rate", min=0.01, help="built-in generator's arrival rate, requests/s")] = 2.5,
+    speedup: Annotated[float, typer.Option("--speedup", min=0.01, help="replay a --trace this many times faster")] = 1.0,
+    time_scale: Annotated[float, typer.Option("--time-scale", min=0.001, help="mock backends' wall seconds per modelled second")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config")] = Path("config/fleet.local.yaml"),
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Start the local mock fleet and the gateway, replay real-shaped traffic, report routing per backend."""
+    from gateway.demo import run_demo
+    from gateway.demo_report import print_report
+
+    _load(config)  # fail early, with the path, on a bad config
+    report = run_demo(requests=requests, trace=trace, rate_rps=rate, speedup=speedup, time_scale=time_scale,
+                      seed=seed, config=config, progress=not as_json)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_report(report, Console())
+    if report["errors"]:
+        raise typer.Exit(1)
+
+
+def _load(config: Path):
+    from gateway.errors import ConfigError
+    from gateway.settings import load_settings
+
+    try:
+        return load_settings(config, default_catalog())
+    except ConfigError as exc:
+        typer.echo(f"error: {config}: {exc}" if not str(exc).startswith(str(config)) else f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command("replay")
+def replay_trace(
+    trace: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Mooncake .jsonl, Azure .csv or ShareGPT .json")],
+    url: Annotated[str, typer.Option("--url", help="base URL of an OpenAI-compatible server (gateway, vLLM, mock)")],
+    model: Annotated[str | None, typer.Option("--model", help="model name (default: the first id at {url}/v1/models)")] = None,
+    trace_format: Annotated[str, typer.Option("--format", help="auto | mooncake | azure | sharegpt")] = "auto",
+    speedup: Annotated[float, typer.Option("--speedup", help="trace seconds per wall second, > 0")] = 1.0,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="replay only the first N requests")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="most requests in flight")] = 64,
+    out: Annotated[Path | None, typer.Option("--out", dir_okay=False, help="write one JSON line per result")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Replay a trace open-loop against URL; print TTFT/E2E, cache hits and routing per backend."""
+    import asyncio
+    import contextlib
+
+    from gateway.replay import ReplayError, RequestResult, first_model_id, replay
+    from gateway.replay_report import print_summary, summarize
+    from sim.traces import load_trace
+
+    if speedup <= 0:
+        raise typer.BadParameter(f"must be > 0, got {speedup}", param_hint="--speedup")
+    try:
+        requests = load_trace(trace, trace_format, limit)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="TRACE") from exc
+    try:
+        model = model or asyncio.run(first_model_id(url))
+    except (ReplayError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--url") from exc
+    with out.open("w", encoding="utf-8") if out else contextlib.nullcontext() as sink:
+        def write(result: RequestResult) -> None:  # buffered lines, in completion order; each names its index
+            sink.write(json.dumps(result.as_dict()) + "\n")
+
+        try:
+            results = asyncio.run(replay(requests, url=url, model=model, speedup=speedup, concurrency=concurrency,
+                                         on_result=write if sink else None))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--url") from exc
+    summary = summarize(results)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        print_summary(summary, Console(), concurrency=concurrency)
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ What it models (DESIGN.md §5):
   compute = FLOPs / C_eff (FLOPs from `router.kappa.prefill_flops`), HBM = (weights read +
   KV read) / HBM bandwidth, load = host-tier KV bytes / sustained link bandwidth;
   duration = max(compute, HBM, load) when loads overlap compute, else max(compute, HBM) + load.
-  MoE weights read per step: weight bytes × (1 − (1 − active/total)^tokens), the expected
-  share of experts a batch of that many tokens touches.
+  Weights read per step: `router.cost.weights_read_bytes` (all of a dense model; the
+  experts a batch touches of an MoE).
 - Power = idle + (P_max − idle) × utilisation, utilisation = max(compute, u_mem × HBM) /
   duration with u_mem = `router.cost.DECODE_POWER_UTILISATION`; energy accumulates.
 - Every request generates exactly ``max_tokens`` tokens (EOS ignored), so traces replay exactly.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, prompt_block_hashes
 from mock_vllm.types import EngineConfig, EngineStats, RequestOutput, StepResult
 from router import kappa
-from router.cost import DECODE_POWER_UTILISATION, BackendSpec
+from router.cost import DECODE_POWER_UTILISATION, BackendSpec, weights_read_bytes
 
 GENERATED_TOKEN_BASE = 1000  # generated ids land in [1000, 51000): deterministic pseudo-text
 
@@ -50,7 +50,7 @@ class DuplicateRequest(EngineError, ValueError):
     """A request id that is already in the engine."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity equality: `in`/`remove` on the running list stay cheap
 class _Request:
     request_id: str
     prompt_len: int
@@ -63,6 +63,7 @@ class _Request:
     generated: int = 0
     cached_tokens: int = 0  # prefix hit at the latest admission
     cached_host_tokens: int = 0
+    admitted: bool = False  # scheduled at least once (a preempted request is re-admitted)
     held_hashes: list[int] = field(default_factory=list)  # cached blocks referenced, in order
     anonymous_blocks: int = 0
 
@@ -93,7 +94,7 @@ class MockEngine:
         self.block_size = config.block_size_tokens
         self.block_bytes = kappa.b_kv_bytes(model) * self.block_size
         kv_budget = backend.hardware.hbm_bytes * backend.tensor_parallel * config.gpu_memory_utilization
-        num_gpu_blocks = int((kv_budget - model.weight_bytes) // self.block_bytes)
+        num_gpu_blocks = config.num_gpu_blocks_override or int((kv_budget - model.weight_bytes) // self.block_bytes)
         if num_gpu_blocks < 1:
             raise ValueError(f"{model.name} weights leave no KV memory on {backend.hardware.name}")
         self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes))
@@ -232,7 +233,8 @@ class MockEngine:
             req.held_hashes, req.computed = [], 0
             return None
         req.anonymous_blocks = need
-        if req.generated == 0:  # what the client is told is the first admission's hit
+        if not req.admitted:  # the client is told the first admission's hit (vLLM num_cached_tokens)
+            req.admitted = True
             req.cached_tokens = req.computed
             req.cached_host_tokens = host_blocks * self.block_size
         s = self.stats
@@ -286,9 +288,7 @@ class MockEngine:
                 prefill_tokens += tokens
             else:
                 decode_tokens += tokens
-        batch_tokens = prefill_tokens + decode_tokens
-        active_share = model.active_params / model.total_params
-        weights_read = model.weight_bytes * (1.0 - (1.0 - active_share) ** batch_tokens)
+        weights_read = weights_read_bytes(model, prefill_tokens + decode_tokens)
         compute_s = flops / backend.c_eff_flops_per_s
         hbm_s = (weights_read + kv_read) / backend.hbm_bandwidth_bytes_per_s
         load_s = load_bytes / backend.link_bytes_per_s

@@ -23,6 +23,8 @@ class EngineConfig:
         max_model_len_tokens: context limit; ``None`` takes the model profile's.
         default_max_tokens: ``max_tokens`` for requests that give none. vLLM fills the
             context; the mock stops at this many so an omitted field cannot run for hours.
+        num_gpu_blocks_override: use this many KV blocks instead of what HBM allows (vLLM
+            ``--num-gpu-blocks-override``); ``None`` sizes the cache from HBM.
     """
 
     block_size_tokens: int = 16
@@ -32,6 +34,7 @@ class EngineConfig:
     host_tier_bytes: float = 0.0
     max_model_len_tokens: int | None = None
     default_max_tokens: int = 256
+    num_gpu_blocks_override: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size_tokens < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -40,6 +43,8 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.host_tier_bytes < 0:
             raise ValueError("host_tier_bytes must be >= 0")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError("num_gpu_blocks_override must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,9 @@ for a concrete backend (DESIGN.md §3, "Cost of a request on backend b, tiers ex
 
     t_compute = prefill_flops(K, T) / C_eff
     t_load    = kv_bytes(K_host) / BW_link        (KV in HBM is read in place, not loaded)
-    prefill   = max(t_compute, t_load)   when the backend overlaps loads with compute
-                                         (layer-wise, LMCache-style), else their sum
+    t_hbm     = (weights read + kv_bytes(K + T)) / HBM bandwidth   (the floor of a short prefill)
+    prefill   = max(t_compute, t_hbm, t_load)   when the backend overlaps loads with compute
+                                         (layer-wise, LMCache-style), else max(t_compute, t_hbm) + t_load
     decode    = (active weight bytes + kv_bytes(context)) / (HBM bandwidth · TP)   per token
     TTFT      = queue wait + prefill   (vLLM samples the first token at the end of the prefill step)
     E2E       = TTFT + (output_tokens − 1) · decode
@@ -30,6 +31,17 @@ from router.profiles import GB, HardwareProfile, ModelProfile
 # Share of the dynamic power budget that HBM-bound decode draws. An assumption (decode
 # keeps HBM busy and the SMs mostly waiting); replace with a measured figure per backend.
 DECODE_POWER_UTILISATION = 0.5
+
+
+def weights_read_bytes(model: ModelProfile, batch_tokens: float) -> float:
+    """Weight bytes one forward pass over ``batch_tokens`` tokens reads from HBM.
+
+    Dense models read every weight. An MoE layer reads the experts the batch routes to:
+    with a share s = active/total of the parameters used per token, the expected share
+    touched by n tokens is 1 − (1 − s)^n (tokens routed independently).
+    """
+    share = model.active_params / model.total_params
+    return model.weight_bytes * (1.0 - (1.0 - share) ** max(batch_tokens, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,12 +171,14 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
     t_compute = k.prefill_flops(model, shape.cached_tokens, new) / backend.c_eff_flops_per_s
     load_bytes = k.kv_bytes(model, shape.cached_host_tokens)
     t_load = load_bytes / backend.link_bytes_per_s
-    prefill = max(t_compute, t_load) if backend.overlap_host_load else t_compute + t_load
+    t_hbm = (weights_read_bytes(model, new) + k.kv_bytes(model, shape.prompt_tokens)) / backend.hbm_bandwidth_bytes_per_s
+    base = max(t_compute, t_hbm)
+    prefill = max(base, t_load) if backend.overlap_host_load else base + t_load
     context = shape.prompt_tokens + shape.output_tokens / 2.0
     decode_step = (model.active_weight_bytes + k.kv_bytes(model, context)) / backend.hbm_bandwidth_bytes_per_s
     ttft = queue_wait_s + prefill
     decode_time = max(shape.output_tokens - 1.0, 0.0) * decode_step
-    utilisation = t_compute / prefill if prefill > 0 else 0.0
+    utilisation = max(t_compute, DECODE_POWER_UTILISATION * t_hbm) / prefill if prefill > 0 else 0.0
     energy = backend.power_w(utilisation) * prefill + backend.power_w(DECODE_POWER_UTILISATION) * decode_time
     return CostEstimate(
         t_compute_s=t_compute,

@@ -232,3 +232,22 @@ def test_energy_idle_and_transfer_bound_power() -> None:
     assert engine.power_w(step.end_s + 1.0) == H100_8B.idle_power_w
     idle_only = H100_8B.idle_power_w * (step.end_s + 1.0)
     assert engine.energy_j(step.end_s + 1.0) > idle_only
+
+
+def test_preempted_prefill_reports_the_first_admissions_hit_not_its_own_blocks() -> None:
+    """Regression: a request preempted mid-prefill and re-admitted reported its own recomputed
+    blocks as cached tokens (6× the shareable prefix under KV pressure)."""
+    # ~534 blocks (8.5k tokens) of KV; chunks of 2,048 admit a third prompt whose next chunk no
+    # longer fits, so it is preempted mid-prefill and re-admitted onto its own cached blocks.
+    engine = MockEngine(H100_8B, EngineConfig(gpu_memory_utilization=0.2, max_num_batched_tokens=2_048))
+    for i in range(8):
+        engine.add_request(f"c{i}", tokens(2_500, seed=600 + i), max_tokens=50, arrival_s=0.0)
+    cached: dict[str, int] = {}
+    now = 0.0
+    while engine.has_unfinished():
+        step = engine.step(now)
+        now = step.end_s
+        for out in step.outputs:
+            cached[out.request_id] = out.cached_tokens
+    assert engine.stats.num_preemptions_total > 0
+    assert cached == {f"c{i}": 0 for i in range(8)}  # distinct prompts share nothing

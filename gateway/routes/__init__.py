@@ -1,0 +1,1 @@
+"""HTTP routes: the OpenAI surface (`openai`) and the operator's surface (`admin`)."""

@@ -1,0 +1,224 @@
+"""Gateway configuration: the one reader of the YAML file and of ``os.environ``.
+
+One file per deployment (``config/fleet.local.yaml`` is the example)::
+
+    gateway:  {host, port, max_body_bytes, timeouts, health and scrape intervals}
+    index:    {backend: memory|redis, redis_url, key_prefix, timeout_s, block_size_tokens, bytes_per_token}
+    routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed}
+    models:   {served name: {profile: catalog name}}          (optional; default: catalog names)
+    backends: [{id, url, model, hardware, power_cap_w, tensor_parallel, host_tier_gb,
+                host_link_gb_s, overlap_host_load, labels}]
+
+Parsing is strict: an unknown key or a bad value fails at start-up with its path
+(``backends[2].hardware: unknown hardware 'h300'``), never a silent default (STYLE.md B7).
+Environment variables override the deployment settings only: ``KAPPA_HOST``, ``KAPPA_PORT``,
+``KAPPA_REDIS_URL`` (which also switches the index to Redis).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.errors import ConfigError
+from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
+from router.cost import BackendSpec
+from router.policies import POLICY_NAMES, PolicyConfigError, build_policy
+from router.profiles import Catalog, ModelProfile
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # 32 MiB: a 128k-token prompt is ~0.5 MB of text; images are larger
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GatewaySection(_Strict):
+    """Listener, limits and timeouts (seconds)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    graceful_shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
+    # Until the response headers and first body byte: covers queueing and a long prefill.
+    upstream_first_byte_timeout_s: float = Field(default=600.0, gt=0)
+    # Between two body chunks once streaming; None = no limit (long generations are not cut).
+    upstream_idle_timeout_s: float | None = Field(default=None, gt=0)
+    health_interval_s: float = Field(default=2.0, gt=0)
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    max_connections_per_backend: int = Field(default=1024, gt=0)
+
+
+class IndexSection(_Strict):
+    """The prefix index: embedded (``memory``) or shared (``redis``)."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None
+    key_prefix: str = "kappa"
+    timeout_s: float = Field(default=0.05, gt=0)
+    block_size_tokens: int = Field(default=DEFAULT_BLOCK_SIZE_TOKENS, gt=0)
+    bytes_per_token: float = Field(default=BYTES_PER_TOKEN_ESTIMATE, gt=0)
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> IndexSection:
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("backend 'redis' needs redis_url (or set KAPPA_REDIS_URL)")
+        return self
+
+
+class RoutingSection(_Strict):
+    policy: str = "kappa"
+    params: dict[str, Any] = Field(default_factory=dict)
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _policy_builds(self) -> RoutingSection:
+        try:
+            build_policy(self.policy, self.params)
+        except PolicyConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+
+class ModelEntry(_Strict):
+    profile: str
+
+
+class BackendEntry(_Strict):
+    """One backend: where it is, what it serves, on what hardware."""
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    url: str
+    model: str
+    hardware: str
+    power_cap_w: float | None = Field(default=None, gt=0)
+    tensor_parallel: int = Field(default=1, ge=1)
+    host_tier_gb: float = Field(default=0.0, ge=0)
+    host_link_gb_s: float | None = Field(default=None, gt=0)
+    overlap_host_load: bool = True
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+            raise ValueError(f"must be http(s)://host:port, got {value!r}")
+        return value.rstrip("/")
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port  # validated present
+
+
+class Settings(_Strict):
+    """The whole validated config, plus the catalog it was checked against."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    index: IndexSection = Field(default_factory=IndexSection)
+    routing: RoutingSection = Field(default_factory=RoutingSection)
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+    backends: list[BackendEntry] = Field(min_length=1)
+
+    def model_profile(self, catalog: Catalog, served_name: str) -> ModelProfile:
+        """The catalog profile behind a served model name."""
+        entry = self.models.get(served_name)
+        return catalog.model(entry.profile if entry else served_name)
+
+    def backend_spec(self, catalog: Catalog, backend: BackendEntry) -> BackendSpec:
+        """The router's static figures for one backend."""
+        return BackendSpec(
+            model=self.model_profile(catalog, backend.model),
+            hardware=catalog.hw(backend.hardware),
+            power_cap_w=backend.power_cap_w,
+            tensor_parallel=backend.tensor_parallel,
+            host_link_gb_s=backend.host_link_gb_s,
+            overlap_host_load=backend.overlap_host_load,
+        )
+
+    def served_models(self) -> list[str]:
+        """Model names clients may ask for, in config order, without repeats."""
+        return list(dict.fromkeys(b.model for b in self.backends))
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_settings(doc: Mapping[str, Any], catalog: Catalog, env: Mapping[str, str] | None = None) -> Settings:
+    """Validate a parsed config against the catalog, applying environment overrides.
+
+    Raises:
+        ConfigError: the first problem, prefixed with the path of the bad key.
+    """
+    if not isinstance(doc, Mapping):
+        raise ConfigError("config: the file must hold a mapping (gateway, index, routing, models, backends)")
+    data = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in doc.items()}
+    env = os.environ if env is None else env
+    gateway = data.setdefault("gateway", {})
+    index = data.setdefault("index", {})
+    if isinstance(gateway, dict):
+        if env.get("KAPPA_HOST"):
+            gateway["host"] = env["KAPPA_HOST"]
+        if env.get("KAPPA_PORT"):
+            gateway["port"] = env["KAPPA_PORT"]
+    if isinstance(index, dict) and env.get("KAPPA_REDIS_URL"):
+        index.update(backend="redis", redis_url=env["KAPPA_REDIS_URL"])
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"{_path(err['loc']) or 'config'}: {err['msg']}") from exc
+    _check_against_catalog(settings, catalog)
+    return settings
+
+
+def _check_against_catalog(settings: Settings, catalog: Catalog) -> None:
+    for name, entry in settings.models.items():
+        if entry.profile not in catalog.models:
+            raise ConfigError(f"models.{name}.profile: unknown model profile {entry.profile!r}")
+    seen_ids: set[str] = set()
+    seen_urls: set[str] = set()
+    for i, backend in enumerate(settings.backends):
+        where = f"backends[{i}]"
+        if backend.id in seen_ids:
+            raise ConfigError(f"{where}.id: duplicate backend id {backend.id!r}")
+        if backend.url in seen_urls:
+            raise ConfigError(f"{where}.url: {backend.url} is used by another backend")
+        seen_ids.add(backend.id)
+        seen_urls.add(backend.url)
+        if backend.model not in settings.models and backend.model not in catalog.models:
+            raise ConfigError(f"{where}.model: {backend.model!r} is neither in models: nor a catalog model")
+        if backend.hardware not in catalog.hardware:
+            raise ConfigError(f"{where}.hardware: unknown hardware {backend.hardware!r} "
+                              f"(known: {', '.join(sorted(catalog.hardware))})")
+        try:
+            settings.backend_spec(catalog, backend)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+
+
+def load_settings(path: Path, catalog: Catalog, env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate a config file. Raises ConfigError (also for unreadable or non-YAML files)."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_settings(doc or {}, catalog, env)
+
+
+__all__ = ["POLICY_NAMES", "BackendEntry", "Settings", "load_settings", "parse_settings"]

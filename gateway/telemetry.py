@@ -1,0 +1,92 @@
+"""Prometheus metrics of the gateway, on an injected registry (never the global one).
+
+Label values come only from the config (backend ids, served model names, policy names) and
+from closed sets (regime, status class, index operation): never from raw request values, so
+a client cannot blow up cardinality. Names follow Prometheus conventions: base units,
+``_total`` on counters, ratios in [0, 1].
+
+| metric | type | labels |
+| --- | --- | --- |
+| ``gateway_requests_total`` | counter | backend, model, policy, regime, status |
+| ``gateway_routing_decision_seconds`` | histogram | policy |
+| ``gateway_kappa_ratio`` | histogram (log buckets 0.01…1e5) | backend |
+| ``gateway_kappa_crit`` | gauge | backend, kind=predicted\\|measured |
+| ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|new (index estimate) |
+| ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
+| ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend |
+| ``gateway_in_flight_requests``, ``gateway_kv_demand_bytes`` | gauge | backend |
+| ``gateway_backend_up`` | gauge | backend |
+| ``gateway_upstream_retries_total`` | counter | backend (the one that failed) |
+| ``gateway_index_errors_total`` | counter | op |
+| ``gateway_index_seconds`` | histogram | op |
+| ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# 0.01 … 1e5, 3 buckets per decade: κ_ratio spans 7 decades (REFERENCE.md §1: Mooncake p99 ≈ 890,
+# document QA ≈ 10,000).
+KAPPA_BUCKETS = tuple(round(m * 10.0**e, 6) for e in range(-2, 5) for m in (1, 2, 5)) + (1e5,)
+# Latency buckets from 1 ms to 1 h: TTFT of a 128k prefill behind a queue, E2E of long generations.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80,
+                   160, 320, 640, 1200, 2400, 3600)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+
+
+class Telemetry:
+    """Every gateway metric, registered on ``registry``.
+
+    Args:
+        registry: where to register (a fresh `CollectorRegistry` per app, so two apps in one
+            process — tests — never collide).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.requests = Counter("gateway_requests", "Requests by outcome.",
+                                ["backend", "model", "policy", "regime", "status"], registry=r)
+        self.decision_seconds = Histogram("gateway_routing_decision_seconds",
+                                          "Time to rank the candidates (index lookup excluded).", ["policy"],
+                                          buckets=DECISION_BUCKETS, registry=r)
+        self.kappa_ratio = Histogram("gateway_kappa_ratio", "κ_ratio = K/T of routed requests on the chosen backend.",
+                                     ["backend"], buckets=KAPPA_BUCKETS, registry=r)
+        self.kappa_crit = Gauge("gateway_kappa_crit", "κ_crit per backend: predicted from profiles, measured by fit.",
+                                ["backend", "kind"], registry=r)
+        self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
+                                     ["backend", "source"], registry=r)
+        self.cached_estimated = Counter("gateway_cached_tokens_estimated",
+                                        "Cached prompt tokens the index predicted (requests with reported usage).",
+                                        ["backend"], registry=r)
+        self.cached_reported = Counter("gateway_cached_tokens_reported",
+                                       "Cached prompt tokens the backend reported (usage.prompt_tokens_details).",
+                                       ["backend"], registry=r)
+        self.ttft = Histogram("gateway_ttft_seconds", "Time to the first content chunk.", ["backend"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("gateway_itl_seconds", "Time between streamed chunks.", ["backend"],
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("gateway_e2e_seconds", "Time from receipt to the last byte.", ["backend"],
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge("gateway_in_flight_requests", "Requests sent and not finished (the ledger).",
+                               ["backend"], registry=r)
+        self.kv_demand = Gauge("gateway_kv_demand_bytes", "KV bytes charged to in-flight requests, (K+T+max_tokens)·B_kv.",
+                               ["backend"], registry=r)
+        self.backend_up = Gauge("gateway_backend_up", "1 if the backend passes health checks.", ["backend"], registry=r)
+        self.retries = Counter("gateway_upstream_retries", "Retries after a failure before the first byte.",
+                               ["backend"], registry=r)
+        self.index_errors = Counter("gateway_index_errors", "Prefix-index calls that failed or timed out.",
+                                    ["op"], registry=r)
+        self.index_seconds = Histogram("gateway_index_seconds", "Prefix-index call latency.", ["op"],
+                                       buckets=DECISION_BUCKETS, registry=r)
+        self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
+                                     ["model"], registry=r)
+
+    def init_backend(self, backend_id: str, kappa_crit_predicted: float) -> None:
+        """Create a backend's series at start-up so dashboards see zeros, not gaps."""
+        self.kappa_crit.labels(backend_id, "predicted").set(kappa_crit_predicted)
+        self.in_flight.labels(backend_id).set(0)
+        self.kv_demand.labels(backend_id).set(0)
+        self.backend_up.labels(backend_id).set(0)

@@ -1,0 +1,237 @@
+"""The mock vLLM backend's HTTP face: vLLM's OpenAI-compatible routes over a `MockEngine`.
+
+Routes (REFERENCE.md §3; wire format in `mock_vllm.openai_api`):
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed and not. Chat prompts
+  go through the mock's chat template and tokenizer (`mock_vllm.tokenizer`); completion
+  prompts are a string, a list of one string, token ids, or a list of one list of ids (ids
+  bypass the tokenizer). A client that disconnects aborts its request in the engine.
+* ``GET /v1/models``, ``GET /health`` (200, empty; 503 once the engine loop has died),
+  ``GET /version``, ``GET /metrics`` (the injected registry).
+* ``POST /reset_prefix_cache``: 200 with an empty body when the cache was reset; 409 with
+  an error body when requests are running and the engine refused (vLLM logs a warning and
+  keeps its cache in that case), so a caller knows to retry when idle.
+
+``X-Request-Id`` is echoed on every response that came with one, and a streamed or
+returned ``id`` is ``chatcmpl-<X-Request-Id>`` / ``cmpl-<X-Request-Id>`` (random hex
+without the header), as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mock_vllm import tokenizer
+from mock_vllm.driver import EngineClock, EngineDead, EngineDriver
+from mock_vllm.engine import MockEngine, PromptTooLong
+from mock_vllm.metrics import MockVllmMetrics
+from mock_vllm.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    ChunkWriter,
+    CompletionRequest,
+    GenerationRequest,
+    chat_completion,
+    error_body,
+    model_list,
+    text_completion,
+    validation_error,
+)
+from mock_vllm.streaming import sse_events, until_done_or_disconnect, usage_of
+
+MOCK_VERSION = "0.0.0-mock+kappa"
+
+
+@dataclass(slots=True)
+class MockServer:
+    """What the routes need, built once per app and handed to them through the lifespan state."""
+
+    engine: MockEngine
+    driver: EngineDriver
+    served_model_name: str
+    registry: CollectorRegistry
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served_model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+
+    def max_tokens(self, requested: int | None, prompt_tokens: int) -> int:
+        """``max_tokens`` as asked, else the default capped by the room left in the context."""
+        if requested is not None:
+            return requested
+        room = self.engine.max_model_len_tokens - prompt_tokens
+        default = self.engine.config.default_max_tokens
+        return min(default, room) if room > 0 else default
+
+
+def _server(request: Request) -> MockServer:
+    return request.state.mock
+
+
+ServerDep = Annotated[MockServer, Depends(_server)]
+routes = APIRouter()
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request, server: ServerDep) -> Response:
+    server.check_model(body.model)
+    body.check_n()
+    prompt = tokenizer.apply_chat_template(body.message_dicts(), body.tools)
+    return await _generate(server, request, body, tokenizer.encode(prompt), chat=True)
+
+
+@routes.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request, server: ServerDep) -> Response:
+    server.check_model(body.model)
+    body.check_n()
+    prompt = body.single_prompt()
+    if isinstance(prompt, str):
+        prompt_ids = tokenizer.encode(prompt)
+    else:
+        vocab = server.engine.backend.model.vocab_size or tokenizer.VOCAB_SIZE
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"Token id {bad} is out of vocabulary (size {vocab}).", param="prompt")
+        prompt_ids = prompt
+    if not prompt_ids:
+        raise ApiError(400, "The prompt cannot be empty.", param="prompt")
+    return await _generate(server, request, body, prompt_ids, chat=False)
+
+
+async def _generate(server: MockServer, request: Request, body: GenerationRequest, prompt_ids: list[int], *,
+                    chat: bool) -> Response:
+    client_id = request.headers.get("x-request-id")
+    response_id = ("chatcmpl-" if chat else "cmpl-") + (client_id or uuid.uuid4().hex)
+    engine_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if client_id else response_id
+    max_tokens = server.max_tokens(body.requested_max_tokens, len(prompt_ids))
+    try:
+        outputs = server.driver.submit(engine_id, prompt_ids, max_tokens=max_tokens, cache_salt=body.cache_salt)
+    except PromptTooLong as exc:
+        raise ApiError(400, str(exc)) from exc
+    except EngineDead as exc:
+        raise ApiError(500, str(exc)) from exc
+    model = body.model or server.served_model_name
+    if body.stream:
+        writer = ChunkWriter(response_id=response_id, chat=chat, created=int(time.time()), model=model)
+        events = sse_events(server.driver, engine_id, outputs, writer, include_usage=body.include_usage,
+                             continuous_usage=body.continuous_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+    result = await until_done_or_disconnect(server.driver, engine_id, outputs, request)
+    if result is None:  # the client left; nobody reads this
+        return Response(status_code=499)
+    text, last = result
+    build = chat_completion if chat else text_completion
+    return JSONResponse(build(response_id=response_id, created=int(time.time()), model=model, text=text,
+                              finish_reason=last.finish_reason or "length", usage_info=usage_of(last)))
+
+
+@routes.get("/v1/models")
+async def models(server: ServerDep) -> dict[str, Any]:
+    model = server.engine.backend.model
+    return model_list(served_model_name=server.served_model_name, root=model.hf_id or model.name,
+                      created=server.created, max_model_len=server.engine.max_model_len_tokens)
+
+
+@routes.get("/health")
+async def health(server: ServerDep) -> Response:
+    return Response(status_code=200 if server.driver.failure is None else 503)
+
+
+@routes.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": MOCK_VERSION}
+
+
+@routes.post("/reset_prefix_cache")
+async def reset_prefix_cache(server: ServerDep) -> Response:
+    if not server.engine.reset_prefix_cache():
+        raise ApiError(409, "Prefix cache not reset: requests are running; retry when the engine is idle.")
+    return Response(status_code=200)
+
+
+@routes.get("/metrics")
+async def metrics(server: ServerDep) -> Response:
+    # async on purpose: the collector reads engine state, which only the event loop's thread touches.
+    return Response(generate_latest(server.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class EchoRequestId:
+    """ASGI middleware: copy a request's ``X-Request-Id`` onto its response (vLLM does)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = next((v for k, v in scope.get("headers", ()) if k == b"x-request-id"), None)
+        if scope["type"] != "http" or request_id is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status)
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return await _api_error(request, validation_error(exc))
+
+
+def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float = 1.0,
+               registry: CollectorRegistry | None = None) -> FastAPI:
+    """A new mock vLLM server app over ``engine``.
+
+    Args:
+        engine: the engine to drive; the app owns it from now on (only its loop steps it).
+        served_model_name: the model name clients send and ``/v1/models`` lists.
+        time_scale: wall seconds per engine second, > 0 (0.01 = 100× faster than real time).
+        registry: where the metrics go; a fresh `CollectorRegistry` when ``None``.
+
+    The lifespan starts the engine clock and the driver task, and cancels and awaits the
+    task on shutdown.
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    clock = EngineClock(time_scale)
+    metrics_ = MockVllmMetrics(registry, engine, model_name=served_model_name, engine_now_s=clock.now_s)
+    server = MockServer(engine, EngineDriver(engine, clock, metrics_), served_model_name, registry)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        clock.start()
+        metrics_.mark_started()
+        driver_task = asyncio.create_task(server.driver.run(), name="mock-vllm-engine-driver")
+        try:
+            yield {"mock": server}
+        finally:
+            driver_task.cancel()
+            with suppress(asyncio.CancelledError):
+                await driver_task
+
+    app = FastAPI(title="mock-vllm", version=MOCK_VERSION, lifespan=lifespan)
+    app.include_router(routes)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_middleware(EchoRequestId)
+    return app

@@ -1,0 +1,85 @@
+"""Starting real gateways and backends on 127.0.0.1 for the integration tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import create_app
+from gateway.catalog import default_catalog
+from gateway.settings import parse_settings
+from mock_vllm.app_factory import build_app
+from tests.support.fake_upstream import Script, make_app
+from tests.support.uvicorn_thread import serve_in_thread
+
+MOCK_MODEL = "llama-3.1-8b"
+POLL_TIMEOUT_S = 10.0
+POLL_INTERVAL_S = 0.01
+
+
+def poll(condition: Callable[[], Any], what: str, timeout_s: float = POLL_TIMEOUT_S) -> Any:
+    """Poll ``condition`` until truthy; returns its value. Raises AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(POLL_INTERVAL_S)  # poll interval
+
+
+@dataclass
+class Gateway:
+    url: str
+    app: FastAPI
+    http: httpx.Client
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples called ``name`` whose labels include ``labels`` (0 if none)."""
+        total = 0.0
+        for family in text_string_to_metric_families(self.http.get("/metrics").text):
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += s.value
+        return total
+
+
+def backend_doc(bid: str, url: str, hardware: str = "h100-sxm", model: str = MOCK_MODEL, **extra: Any) -> dict:
+    return {"id": bid, "url": url, "model": model, "hardware": hardware, **extra}
+
+
+@contextmanager
+def run_gateway(backends: list[dict], **sections: dict) -> Iterator[Gateway]:
+    """A real uvicorn gateway over ``backends``; fast health checks and scrapes for tests."""
+    gateway = {"health_interval_s": 0.05, "scrape_interval_s": 0.05, **sections.pop("gateway", {})}
+    doc = {"gateway": gateway, "backends": backends, **sections}
+    settings = parse_settings(doc, default_catalog(), env={})
+    app = create_app(settings, registry=CollectorRegistry())
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        yield Gateway(url, app, http)
+
+
+@contextmanager
+def run_mocks(n: int, *, time_scale: float = 0.001, host_tier_gb: float = 16.0) -> Iterator[list[str]]:
+    """``n`` mock vLLM backends (llama-3.1-8b on H100), each on its own loopback port."""
+    catalog = default_catalog()
+    with ExitStack() as stack:
+        urls = [stack.enter_context(serve_in_thread(build_app(
+            catalog.model(MOCK_MODEL), catalog.hw("h100-sxm"), host_tier_gb=host_tier_gb, time_scale=time_scale,
+            registry=CollectorRegistry()))) for _ in range(n)]
+        yield urls
+
+
+@contextmanager
+def run_fakes(scripts: list[Script]) -> Iterator[list[str]]:
+    with ExitStack() as stack:
+        yield [stack.enter_context(serve_in_thread(make_app(s))) for s in scripts]
