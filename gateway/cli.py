@@ -102,6 +102,8 @@ def mock_vllm(
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="vLLM --max-num-seqs (default 256)")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens (default 8192)")] = None,
+    num_gpu_blocks_override: Annotated[int | None, typer.Option(
+        "--num-gpu-blocks-override", min=1, help="vLLM --num-gpu-blocks-override: KV blocks instead of what HBM allows")] = None,
     served_model_name: Annotated[str | None, typer.Option(
         "--served-model-name", help="model name clients send (default: the catalog name)")] = None,
 ) -> None:
@@ -115,6 +117,7 @@ def mock_vllm(
         app_ = build_app(
             catalog.model(model), catalog.hw(hardware), host_tier_gb=host_tier_gb, power_cap_w=power_cap_w,
             tensor_parallel=tensor_parallel, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            num_gpu_blocks_override=num_gpu_blocks_override,
             time_scale=time_scale, served_model_name=served_model_name,
         )
     except ValueError as exc:  # ProfileError (unknown model/hardware) or a bad setting

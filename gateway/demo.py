@@ -113,7 +113,7 @@ def _scrape(url: str) -> dict[str, float]:
 def workload(requests: int, trace: Path | None, rate_rps: float, seed: int) -> list[TraceRequest]:
     if trace is not None:
         return load_trace(trace, limit=requests)
-    return mooncake_like(requests, rate_rps=rate_rps, seed=seed, max_input_tokens=64_000, max_output_tokens=1_024)
+    return mooncake_like(requests, rate_rps=rate_rps, seed=seed, max_input_tokens=48_000, max_output_tokens=1_024)
 
 
 def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rate_rps: float = DEFAULT_RATE_RPS,

@@ -28,7 +28,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             f"{b['regimes']['compute']}/{b['regimes']['transfer']}", _f(b["kappa_ratio_p50"], ".2f"),
             _f(b["kappa_ratio_p90"], ".1f"), str(b["high_kappa_requests"]), str(b["large_t_requests"]),
             _f(b["prefix_hit_ratio"], ".0%"), _f(b["ttft_p50_s"], ".3f"), _f(b["ttft_p90_s"], ".3f"), _f(energy, ".1f"))
-    console.print(table)
+    Console(width=max(console.width, 150)).print(table)
     est, rep = report["index_cached_tokens_estimated"], report["index_cached_tokens_reported"]
     if rep:
         console.print(f"Prefix index: estimated {est:,.0f} cached tokens where backends reported {rep:,.0f} "

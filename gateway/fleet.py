@@ -34,6 +34,8 @@ def mock_command(settings: Settings, backend: BackendEntry, *, time_scale: float
            "--time-scale", str(time_scale), "--served-model-name", backend.model]
     if backend.power_cap_w is not None:
         cmd += ["--power-cap-w", str(backend.power_cap_w)]
+    if backend.num_gpu_blocks_override is not None:
+        cmd += ["--num-gpu-blocks-override", str(backend.num_gpu_blocks_override)]
     return cmd
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger("kappa_gateway.pool")
 PROBE_TIMEOUT_S = 2.0
 # Share of HBM vLLM may use by default (gpu_memory_utilization 0.9): KV capacity until a scrape says.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+VLLM_BLOCK_SIZE_TOKENS = 16  # vLLM's default --block-size, until a scrape reports the real one
 
 
 @dataclass(eq=False)
@@ -54,10 +55,13 @@ class BackendState:
 
     @property
     def kv_capacity_bytes(self) -> float:
-        """KV memory: scraped num_gpu_blocks × block_size × B_kv, else the profile's estimate."""
+        """KV memory: scraped num_gpu_blocks × block_size × B_kv, else the config's block override,
+        else HBM × 0.9 − weights."""
         m = self.metrics
         if m.num_gpu_blocks and m.block_size_tokens:
             return m.num_gpu_blocks * m.block_size_tokens * kappa.b_kv_bytes(self.spec.model)
+        if self.entry.num_gpu_blocks_override:
+            return self.entry.num_gpu_blocks_override * VLLM_BLOCK_SIZE_TOKENS * kappa.b_kv_bytes(self.spec.model)
         hbm = self.spec.hardware.hbm_bytes * self.spec.tensor_parallel * DEFAULT_GPU_MEMORY_UTILIZATION
         return max(hbm - self.spec.model.weight_bytes, 0.0)
 

@@ -7,7 +7,7 @@ One file per deployment (``config/fleet.local.yaml`` is the example)::
     routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed}
     models:   {served name: {profile: catalog name}}          (optional; default: catalog names)
     backends: [{id, url, model, hardware, power_cap_w, tensor_parallel, host_tier_gb,
-                host_link_gb_s, overlap_host_load, labels}]
+                host_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels}]
 
 Parsing is strict: an unknown key or a bad value fails at start-up with its path
 (``backends[2].hardware: unknown hardware 'h300'``), never a silent default (STYLE.md B7).
@@ -103,6 +103,8 @@ class BackendEntry(_Strict):
     host_tier_gb: float = Field(default=0.0, ge=0)
     host_link_gb_s: float | None = Field(default=None, gt=0)
     overlap_host_load: bool = True
+    # vLLM --num-gpu-blocks-override (16-token blocks): a KV cache smaller than HBM allows.
+    num_gpu_blocks_override: int | None = Field(default=None, ge=1)
     labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("url")

@@ -26,6 +26,7 @@ def build_app(
     tensor_parallel: int = 1,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    num_gpu_blocks_override: int | None = None,
     time_scale: float = 1.0,
     served_model_name: str | None = None,
     registry: CollectorRegistry | None = None,
@@ -39,6 +40,8 @@ def build_app(
         tensor_parallel: GPUs in the TP group, ≥ 1.
         max_num_seqs, max_num_batched_tokens: vLLM's flags; ``None`` keeps `EngineConfig`'s
             defaults (256 and 8192).
+        num_gpu_blocks_override: KV blocks instead of what HBM allows (vLLM
+            ``--num-gpu-blocks-override``); ``None`` sizes the cache from HBM.
         time_scale: wall seconds per engine second, > 0 (0.01 = 100× faster than real time).
         served_model_name: the name clients use; defaults to the catalog model name.
         registry: metrics registry; a fresh one when ``None``.
@@ -48,7 +51,8 @@ def build_app(
             model whose weights leave no KV memory on this hardware).
     """
     backend = BackendSpec(model=model, hardware=hardware, power_cap_w=power_cap_w, tensor_parallel=tensor_parallel)
-    limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+              "num_gpu_blocks_override": num_gpu_blocks_override}
     config = EngineConfig(host_tier_bytes=host_tier_gb * GB, **{k: v for k, v in limits.items() if v is not None})
     return create_app(MockEngine(backend, config), served_model_name=served_model_name or model.name,
                       time_scale=time_scale, registry=registry)

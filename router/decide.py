@@ -14,6 +14,9 @@ from router.types import BackendView, Decision, RequestFeatures
 def decide(policy: Policy, features: RequestFeatures, views: Sequence[BackendView], rng: random.Random) -> Decision:
     """Rank the healthy backends serving ``features.model`` for this request.
 
+    Backends whose total KV capacity is smaller than the request's (K+T+max_tokens)·B_kv are
+    left out of the ranking when at least one other can hold it.
+
     Args:
         policy: the configured policy.
         features: the request's estimated sizes.
@@ -25,4 +28,11 @@ def decide(policy: Policy, features: RequestFeatures, views: Sequence[BackendVie
     """
     if not views:
         raise NoEligibleBackend(f"no healthy backend serves model {features.model!r}")
-    return policy.decide(features, build_candidates(features, views), views, rng)
+    candidates = build_candidates(features, views)
+    # A backend whose whole KV cache cannot hold the request would reject it: leave it out,
+    # unless none can (then the estimate may be off, and the backends decide).
+    fits = [i for i, c in enumerate(candidates) if c.estimate.kv_demand_bytes <= views[i].kv_capacity_bytes]
+    if fits and len(fits) < len(candidates):
+        candidates = [candidates[i] for i in fits]
+        views = [views[i] for i in fits]
+    return policy.decide(features, candidates, views, rng)

@@ -160,3 +160,13 @@ def test_bad_policy_config_names_the_problem(name: str, params: dict, message: s
 def test_no_views_is_no_eligible_backend() -> None:
     with pytest.raises(NoEligibleBackend, match="llama-3.1-8b"):
         decide(build_policy("kappa"), features(10), [], random.Random(0))
+
+
+def test_backends_too_small_for_the_request_are_left_out_unless_none_fits() -> None:
+    small = view("small", kv_capacity_bytes=1e9)  # 1 GB ≈ 7,600 tokens of Llama-3.1-8B KV
+    big = view("big", GH200, kv_capacity_bytes=50e9)
+    ranked = decide(build_policy("round-robin"), features(20_000), [small, big], random.Random(0)).ranked
+    assert [c.backend_id for c in ranked] == ["big"]
+    both_small = [small, view("small2", kv_capacity_bytes=1e9)]
+    ranked = decide(build_policy("round-robin"), features(20_000), both_small, random.Random(0)).ranked
+    assert len(ranked) == 2

@@ -1,0 +1,42 @@
+# kappa-gateway: the gateway and the mock vLLM backends, one image (docker-compose.yml runs both).
+#   docker build -t kappa-gateway:local .
+#   docker run --rm -p 8000:8000 kappa-gateway:local kappa-gateway serve --config /app/config/fleet.local.yaml --host 0.0.0.0
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /app
+
+# Dependencies first, read from pyproject.toml, so a source change does not reinstall them.
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# The source tree stays at /app and is installed in editable mode: gateway/catalog.py reads the
+# model and hardware catalogs from config/ beside the packages (CONFIG_DIR = parents[1] of
+# gateway/catalog.py), which a regular install into site-packages would leave behind.
+COPY gateway/ gateway/
+COPY router/ router/
+COPY prefix_index/ prefix_index/
+COPY mock_vllm/ mock_vllm/
+COPY sim/ sim/
+COPY config/ config/
+RUN pip install --no-cache-dir --no-deps -e . \
+    && python -c "from gateway.catalog import default_catalog; default_catalog()"
+
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kappa
+USER kappa
+
+EXPOSE 8000
+
+# No curl in the slim image: the stdlib's urlopen raises (exit 1, unhealthy) on a refused
+# connection, a timeout or a non-2xx status. Mock backends override this in docker-compose.yml.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)"]
+
+CMD ["kappa-gateway", "serve", "--config", "/app/config/fleet.compose.yaml", "--host", "0.0.0.0"]
