@@ -1,8 +1,9 @@
 """The ``kappa-gateway`` command line.
 
-Subcommands include ``crit`` (κ_crit table for model × hardware) and ``mock-vllm`` (a
-vLLM-compatible mock backend, `mock_vllm.app_factory`); commands arrive with their
-issues and are absent until then, not stubbed.
+``serve`` (the gateway), ``demo`` (mock fleet + gateway + traffic + report), ``mock-vllm``
+and ``mock-fleet`` (vLLM-compatible mock backends), ``replay`` (a trace against any OpenAI
+URL) and ``crit`` (κ_crit for model × hardware). The fleet simulator (``sim``) and
+``analyze`` are not built yet and are absent, not stubbed.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     title = (f"kappa-gateway demo: {report['requests']} requests, {report['errors']} errors, policy "
              f"{report['policy']}, {report['wall_s']} s")
     table = Table(title=title, caption=report["workload"])
-    for col in ("backend", "hardware", "κ_crit", "requests", "compute/transfer", "κ p50", "κ p90",
-                f"κ>{report['high_kappa_threshold']:.1f}", f"T≥{report['large_t_threshold_tokens']:.0f}",
-                "hit rate", "TTFT p50 s", "TTFT p90 s", "energy kJ"):
+    for col in ("backend", "hardware", "κ_crit", "reqs", "compute/xfer", "κ p50", "κ p90",
+                f"κ>{report['high_kappa_threshold']:.1f}", f"T≥{report['large_t_threshold_tokens'] / 1e3:.1f}k",
+                "hit", "TTFT p50", "TTFT p90", "kJ"):
         table.add_column(col, justify="left" if col in ("backend", "hardware") else "right", no_wrap=True)
     for b in report["backends"]:
         energy = None if b["energy_j"] is None else b["energy_j"] / 1e3
@@ -28,7 +28,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             f"{b['regimes']['compute']}/{b['regimes']['transfer']}", _f(b["kappa_ratio_p50"], ".2f"),
             _f(b["kappa_ratio_p90"], ".1f"), str(b["high_kappa_requests"]), str(b["large_t_requests"]),
             _f(b["prefix_hit_ratio"], ".0%"), _f(b["ttft_p50_s"], ".3f"), _f(b["ttft_p90_s"], ".3f"), _f(energy, ".1f"))
-    Console(width=max(console.width, 150)).print(table)
+    console = Console(width=max(console.width, 160))
+    console.print(table)
     est, rep = report["index_cached_tokens_estimated"], report["index_cached_tokens_reported"]
     if rep:
         console.print(f"Prefix index: estimated {est:,.0f} cached tokens where backends reported {rep:,.0f} "
@@ -37,7 +38,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         console.print(f"[red]error:[/red] {example}")
     console.print(
         "Columns: κ>x = requests whose κ_ratio exceeds the compute-dense backends' κ_crit; T≥y = the largest 10% of "
-        "prefills (new tokens); TTFT in modelled seconds.\n"
+        "prefills (new tokens); hit = cached / prompt tokens as the backends reported; TTFT p50/p90 in modelled "
+        "seconds; kJ = the backend's energy over the run (idle included).\n"
         "Next: run it yourself — `kappa-gateway mock-fleet` and `kappa-gateway serve` (config/fleet.local.yaml), "
         "then point any OpenAI client at http://127.0.0.1:8000/v1; watch GET /v1/kappa/backends, "
         "POST /v1/kappa/route (explain a decision) and /metrics; replay a real trace with "
