@@ -141,3 +141,15 @@ def test_backend_restart_makes_the_index_forget_it() -> None:
         poll(lambda: cached() > 0, "the index to record the prompt")
         script.process_start_time_s += 60  # the backend "restarted"
         poll(lambda: cached() == 0, "the index to forget the restarted backend")
+
+
+def test_authorization_is_forwarded_and_hop_by_hop_headers_are_not() -> None:
+    script = Script()
+    with run_fakes([script]) as urls, run_gateway([backend_doc("a", urls[0])]) as gw:
+        resp = gw.http.post("/v1/chat/completions", json=CHAT, headers={
+            "authorization": "Bearer sk-secret", "x-custom": "kept", "keep-alive": "timeout=5", "te": "trailers"})
+        assert resp.status_code == 200
+        seen = script.received[0]["headers"]
+        assert seen["authorization"] == "Bearer sk-secret" and seen["x-custom"] == "kept"
+        assert "keep-alive" not in seen and "te" not in seen
+        assert seen["x-request-id"] == resp.headers["x-request-id"]

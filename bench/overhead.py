@@ -1,0 +1,396 @@
+"""What the gateway adds over calling the backend directly and over a bare reverse proxy (issue 6).
+
+One run, all on 127.0.0.1, side by side, every server its own process:
+
+- ``direct``: the upstream stub (`bench/upstream_stub.py`: OpenAI-shaped, answers at once,
+  one process listening on 8 ports);
+- ``bare``: `bench/bare_proxy.py`, uvicorn + Starlette + aiohttp, no routing;
+- ``memory``: ``kappa-gateway serve`` with the in-memory prefix index, the 8 stub ports as
+  its 8 backends;
+- ``redis``: the same with the Redis index (a ``redis-server`` started here);
+- ``redis@NAME``: with ``--compare NAME=DIR``, the Redis gateway run from another source
+  tree (``PYTHONPATH=DIR``), to measure a candidate change against ``redis`` side by side.
+
+Load comes from `bench/loadgen.py` in its own process: closed loop at concurrency 1 and
+32, chat bodies of 1k, 8k and 128k tokens (~4 bytes/token of text), 16 distinct prompts
+per size in 4 groups that share a system prompt of half the length, cycled, so the index
+matches and records real chains. Cells run target after target, in rotated order per
+round; p50/p99 are over the pooled rounds, throughput is the median round's. "Added"
+latency is the difference of percentiles against ``direct`` and against ``bare``.
+The routing decision time is the p50 of the gateway's own
+``gateway_routing_decision_seconds`` histogram (interpolated in its buckets).
+
+    python bench/overhead.py [--quick] [--json] [--rounds N] [--compare NAME=DIR]
+
+``--json`` prints the results as JSON on stdout (the table goes to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.catalog import default_catalog
+from gateway.settings import parse_settings
+
+BENCH_DIR = Path(__file__).resolve().parent
+MODEL, HARDWARE, N_BACKENDS = "llama-3.1-8b", "h100-sxm", 8
+BYTES_PER_TOKEN_ESTIMATE = 4
+SIZES_TOKENS = {"1k": 1_024, "8k": 8_192, "128k": 131_072}
+PROMPTS_PER_SIZE, PROMPT_GROUPS, SHARED_PREFIX_RATIO = 16, 4, 0.5
+MAX_TOKENS = 16
+CHAT_PATH = "/v1/chat/completions"
+# (size, concurrency) -> measured requests; warm-up is max(16 prompts, 2 x concurrency).
+REQUESTS = {("1k", 1): 400, ("8k", 1): 400, ("128k", 1): 120,
+            ("1k", 32): 3000, ("8k", 32): 3000, ("128k", 32): 400}
+QUICK_SCALE = 0.5
+CELL_MAX_S = 12.0
+READY_TIMEOUT_S = 30.0
+BUDGET = {"throughput_ratio_vs_bare_proxy_redis": (">=", 0.70),
+          "added_p50_ms_vs_bare_proxy_8k_redis": ("<=", 1.0),
+          "added_p50_ms_vs_bare_proxy_128k_redis": ("<=", 3.0),
+          "routing_decision_p50_ms_redis": ("<=", 0.3)}
+
+
+def make_bodies(size: str, stream: bool) -> list[bytes]:
+    """16 chat bodies of ~size tokens: 4 groups share a system prompt of half the length."""
+    rnd = random.Random(f"overhead-{size}")  # same prompts in every run and for every target
+    vocab = ["".join(rnd.choices("abcdefghijklmnopqrstuvwxyz", k=rnd.randint(2, 7))) for _ in range(4096)]
+
+    def text(n_bytes: int) -> str:
+        return " ".join(rnd.choices(vocab, k=max(n_bytes // 5, 1)))  # ~5 bytes a word
+
+    n_bytes = SIZES_TOKENS[size] * BYTES_PER_TOKEN_ESTIMATE
+    shared = [text(int(n_bytes * SHARED_PREFIX_RATIO)) for _ in range(PROMPT_GROUPS)]
+    bodies = []
+    for i in range(PROMPTS_PER_SIZE):
+        body: dict[str, Any] = {"stream": stream, "model": MODEL, "max_tokens": MAX_TOKENS, "messages": [
+            {"role": "system", "content": shared[i % PROMPT_GROUPS]},
+            {"role": "user", "content": text(int(n_bytes * (1 - SHARED_PREFIX_RATIO)))}]}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        bodies.append(json.dumps(body, separators=(",", ":")).encode())
+    return bodies
+
+
+class Processes:
+    """Every process the bench starts; `stop` ends them by pid, in reverse."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir, self.procs = logdir, []
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
+              stdout_pipe: bool = False, cwd: Path = BENCH_DIR.parent) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "wb")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if stdout_pipe else log, stderr=log,
+                                env={**os.environ, **(env or {})}, cwd=cwd)
+        self.procs.append((name, proc, log))
+        return proc
+
+    def stop(self) -> None:
+        for _, proc, _ in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc, log in reversed(self.procs):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+    def log_tail(self, name: str) -> str:
+        return (self.logdir / f"{name}.log").read_text(errors="replace")[-2000:]
+
+
+def _json_line(proc: subprocess.Popen) -> dict:
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"process {proc.pid} exited before reporting its port")
+    return json.loads(line)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_ready(port: int, path: str, procs: Processes, name: str) -> None:
+    """Poll until ``path`` answers 200 (for the gateway, /ready with all 8 backends healthy)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            status, body = http_get(port, path)
+            if status == 200 and (path != "/ready" or json.loads(body)["healthy_backends"] == N_BACKENDS):
+                return
+        time.sleep(0.05)  # polling a readiness endpoint, not sleeping in place of it
+    raise TimeoutError(f"{name} not ready on port {port} within {READY_TIMEOUT_S}s:\n{procs.log_tail(name)}")
+
+
+def gateway_config(stub_ports: list[int], port: int, redis_url: str | None, key_prefix: str) -> dict:
+    index: dict[str, Any] = {"backend": "memory", "block_size_tokens": 64, "bytes_per_token": 4.0}
+    if redis_url:
+        index.update(backend="redis", redis_url=redis_url, key_prefix=key_prefix)
+    doc = {"gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 2.0, "scrape_interval_s": 1.0},
+           "index": index, "routing": {"policy": "kappa", "seed": 0},
+           "backends": [{"id": f"b{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL, "hardware": HARDWARE}
+                        for i, p in enumerate(stub_ports)]}
+    parse_settings(doc, default_catalog(), env={})  # fail here, with the path, on a bad config
+    return doc
+
+
+@contextlib.contextmanager
+def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, int]]:
+    """Start the stub, the bare proxy, Redis and the gateways; yield target name -> port."""
+    procs = Processes(workdir)
+    py = sys.executable
+    try:
+        stub = procs.start("stub", [py, str(BENCH_DIR / "upstream_stub.py"), "--listeners", str(N_BACKENDS)],
+                           stdout_pipe=True)
+        stub_ports = _json_line(stub)["ports"]
+        bare = procs.start("bare", [py, str(BENCH_DIR / "bare_proxy.py"), "--upstream",
+                                    f"http://127.0.0.1:{stub_ports[0]}"], stdout_pipe=True)
+        targets = {"direct": stub_ports[0], "bare": _json_line(bare)["port"]}
+        redis_port = free_port()
+        procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind",
+                              "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)])
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        gateways = [("memory", None, None), ("redis", redis_url, None)]
+        gateways += [(f"redis@{name}", redis_url, tree) for name, tree in args.compare]
+        for name, url, tree in gateways:
+            port = free_port()
+            config = workdir / f"{name}.yaml"
+            config.write_text(json.dumps(gateway_config(stub_ports, port, url, "bench-" + name.replace("@", "-"))))
+            # `python -m` puts its working directory first on sys.path: the tree under test wins.
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))}
+            procs.start(name, [py, "-m", "gateway", "serve", "--config", str(config), "--log-level", "warning"], env,
+                        cwd=Path(tree) if tree else BENCH_DIR.parent)
+            targets[name] = port
+        wait_ready(stub_ports[-1], "/health", procs, "stub")
+        wait_ready(targets["bare"], "/health", procs, "bare")
+        for name, *_ in gateways:
+            wait_ready(targets[name], "/ready", procs, name)
+        yield {t: p for t, p in targets.items() if t in args.targets or "@" in t}
+    finally:
+        procs.stop()
+
+
+def histograms(port: int) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts (summed over labels) of the gateway's timing histograms."""
+    _, text = http_get(port, "/metrics")
+    out: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            if s.name == "gateway_routing_decision_seconds_bucket":
+                key = "decision"
+            elif s.name == "gateway_index_seconds_bucket":
+                key = "index_" + s.labels["op"]
+            else:
+                continue
+            le = float(s.labels["le"])
+            out.setdefault(key, {})[le] = out.get(key, {}).get(le, 0.0) + s.value
+    return out
+
+
+def bucket_p50_ms(after: dict[float, float], before: dict[float, float] | None = None) -> float | None:
+    """Median estimated from cumulative buckets (linear within the bucket), in ms."""
+    bounds = sorted(after)
+    cum = [after[b] - (before or {}).get(b, 0.0) for b in bounds]
+    if not cum or cum[-1] <= 0:
+        return None
+    half, lower, below = cum[-1] / 2, 0.0, 0.0
+    for bound, count in zip(bounds, cum):
+        if count >= half:
+            if bound == float("inf"):
+                return lower * 1e3
+            return (lower + (bound - lower) * (half - below) / max(count - below, 1e-12)) * 1e3
+        lower, below = bound, count
+    return None
+
+
+def run_load(port: int, bodies_file: Path, concurrency: int, requests: int) -> dict:
+    spec = {"port": port, "path": CHAT_PATH, "bodies_file": str(bodies_file), "concurrency": concurrency,
+            "requests": requests, "warmup": max(PROMPTS_PER_SIZE, 2 * concurrency), "max_s": CELL_MAX_S}
+    done = subprocess.run([sys.executable, str(BENCH_DIR / "loadgen.py"), json.dumps(spec)],
+                          capture_output=True, timeout=3 * CELL_MAX_S + 30, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {done.stderr.decode(errors='replace')[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def measure(args: argparse.Namespace, targets: dict[str, int], workdir: Path) -> list[dict]:
+    """Every cell, target after target; returns one row per (cell, target)."""
+    rows = []
+    for size in args.sizes:
+        for stream in args.streams:
+            bodies_file = workdir / f"bodies-{size}-{stream}.txt"
+            bodies_file.write_bytes(b"\n".join(make_bodies(size, stream)))
+            for concurrency in args.concurrency:
+                n = max(int(REQUESTS[size, concurrency] * (QUICK_SCALE if args.quick else 1)), 2 * concurrency)
+                names = list(targets)
+                runs: dict[str, list[dict]] = {t: [] for t in names}
+                decision: dict[str, list[float]] = {t: [] for t in names}
+                for r in range(args.rounds):
+                    for t in names[r % len(names):] + names[: r % len(names)]:
+                        before = histograms(targets[t]) if t not in ("direct", "bare") else None
+                        runs[t].append(run_load(targets[t], bodies_file, concurrency, n))
+                        if before is not None:
+                            p50 = bucket_p50_ms(histograms(targets[t]).get("decision", {}), before.get("decision"))
+                            if p50 is not None:
+                                decision[t].append(p50)
+                for t in names:
+                    lat = [x * 1e3 for run in runs[t] for x in run["latencies_s"]]
+                    rows.append({"size": size, "stream": stream, "concurrency": concurrency, "target": t,
+                                 "requests": len(lat), "errors": sum(run["errors"] for run in runs[t]),
+                                 "p50_ms": statistics.median(lat), "p99_ms": pct(lat, 0.99),
+                                 "rps": statistics.median(run["completed"] / run["elapsed_s"] for run in runs[t]),
+                                 "decision_p50_ms": statistics.median(decision[t]) if decision[t] else None})
+                _derive(rows[-len(names):])
+                for row in rows[-len(names):]:
+                    print(_row_line(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def _derive(cell: list[dict]) -> None:
+    by = {row["target"]: row for row in cell}
+    for row in cell:
+        for base in ("direct", "bare"):
+            if base in by:
+                row[f"added_p50_ms_vs_{base}"] = row["p50_ms"] - by[base]["p50_ms"]
+                row[f"added_p99_ms_vs_{base}"] = row["p99_ms"] - by[base]["p99_ms"]
+        if "bare" in by:
+            row["throughput_ratio_vs_bare"] = row["rps"] / by["bare"]["rps"]
+
+
+COLUMNS = ("size", "stream", "concurrency", "target", "p50_ms", "p99_ms", "rps", "added_p50_ms_vs_direct",
+           "added_p99_ms_vs_direct", "added_p50_ms_vs_bare", "added_p99_ms_vs_bare", "throughput_ratio_vs_bare",
+           "decision_p50_ms", "errors")
+HEADERS = ("prompt", "stream", "conc", "target", "p50 ms", "p99 ms", "req/s", "+p50 vs direct",
+           "+p99 vs direct", "+p50 vs bare", "+p99 vs bare", "req/s ÷ bare", "decision p50 ms", "errors")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}" if abs(value) < 1 else f"{value:.2f}"
+    return str(value)
+
+
+def _row_line(row: dict) -> str:
+    return "| " + " | ".join(_fmt(row.get(c)) for c in COLUMNS) + " |"
+
+
+def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -> dict[str, Any]:
+    def cell(size: str, conc: int, target: str, stream: bool = False) -> dict:
+        return next((r for r in rows if (r["size"], r["concurrency"], r["target"], r["stream"])
+                     == (size, conc, target, stream)), {})
+
+    out: dict[str, Any] = {}
+    for target in ("redis", "memory", *(t for t in final if "@" in t)):
+        for suffix, stream in (("", False), ("_stream", True)):
+            out[f"throughput_ratio_vs_bare_proxy_{target}{suffix}"] = cell("8k", 32, target, stream).get(
+                "throughput_ratio_vs_bare")
+            for size in SIZES_TOKENS:
+                out[f"added_p50_ms_vs_bare_proxy_{size}_{target}{suffix}"] = cell(size, 1, target, stream).get(
+                    "added_p50_ms_vs_bare")
+        if target in final:
+            for key in ("decision", "index_match", "index_record"):
+                name = "routing_decision" if key == "decision" else key
+                out[f"{name}_p50_ms_{target}"] = bucket_p50_ms(final[target].get(key, {}))
+    out = {k: v for k, v in out.items() if v is not None}
+    verdict = {}
+    for key, (op, limit) in BUDGET.items():
+        value = out.get(key)
+        ok = None if value is None else (value >= limit if op == ">=" else value <= limit)
+        verdict[key] = {"value": value, "limit": f"{op} {limit}", "ok": ok}
+    out["budget"] = verdict
+    out["budget_met"] = all(v["ok"] for v in verdict.values())
+    return out
+
+
+def machine() -> dict[str, Any]:
+    versions = {}
+    for pkg in ("uvicorn", "starlette", "fastapi", "aiohttp", "uvloop", "httptools", "orjson", "redis",
+                "prometheus-client", "pydantic"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[pkg] = metadata.version(pkg)
+    redis_v = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=False).stdout
+    return {"nproc": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "loadavg_at_start": os.getloadavg(), "redis_server": redis_v.strip(), "packages": versions}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="reduced set, under 3 minutes")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout (the table goes to stderr)")
+    p.add_argument("--rounds", type=int, help="rounds per cell (default 2; --quick 1)")
+    p.add_argument("--sizes", help="comma list of 1k,8k,128k")
+    p.add_argument("--targets", default="direct,bare,memory,redis", help="comma list of the base targets to load")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
+                   help="also load a Redis gateway run from source tree DIR, as target redis@NAME")
+    args = p.parse_args(argv)
+    args.compare = [tuple(c.split("=", 1)) for c in args.compare]
+    args.targets = args.targets.split(",")
+    args.sizes = args.sizes.split(",") if args.sizes else list(SIZES_TOKENS)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.streams = [False] if args.quick else [False, True]
+    args.concurrency = [1, 32]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.monotonic()
+    report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "machine": machine()}
+    print(f"$ {report['command']}\n{json.dumps(report['machine'])}", file=sys.stderr)
+    print("| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS), file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="kappa-overhead-") as tmp, servers(args, Path(tmp)) as targets:
+        rows = measure(args, targets, Path(tmp))
+        final = {t: histograms(p) for t, p in targets.items() if t not in ("direct", "bare")}
+    report.update(summary(rows, final), rows=rows, duration_s=round(time.monotonic() - started, 1))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("rows", "machine", "command")}, indent=2),
+          file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
