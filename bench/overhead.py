@@ -60,11 +60,10 @@ SIZES_TOKENS = {"1k": 1_024, "8k": 8_192, "128k": 131_072}
 PROMPTS_PER_SIZE, PROMPT_GROUPS, SHARED_PREFIX_RATIO = 16, 4, 0.5
 MAX_TOKENS = 16
 CHAT_PATH = "/v1/chat/completions"
-# (size, concurrency) -> measured requests; warm-up is max(16 prompts, 2 x concurrency).
-REQUESTS = {("1k", 1): 400, ("8k", 1): 400, ("128k", 1): 120,
-            ("1k", 32): 3000, ("8k", 32): 3000, ("128k", 32): 400}
-QUICK_SCALE = 0.5
-CELL_MAX_S = 12.0
+# Each cell measures for CELL_S seconds or MAX_REQUESTS requests, whichever ends first,
+# after a warm-up of max(16 prompts, 2 x concurrency) requests.
+CELL_S, QUICK_CELL_S = 3.0, 1.5
+MAX_REQUESTS = 50_000
 READY_TIMEOUT_S = 30.0
 BUDGET = {"throughput_ratio_vs_bare_proxy_redis": (">=", 0.70),
           "added_p50_ms_vs_bare_proxy_8k_redis": ("<=", 1.0),
@@ -237,11 +236,11 @@ def bucket_p50_ms(after: dict[float, float], before: dict[float, float] | None =
     return None
 
 
-def run_load(port: int, bodies_file: Path, concurrency: int, requests: int) -> dict:
+def run_load(port: int, bodies_file: Path, concurrency: int, cell_s: float) -> dict:
     spec = {"port": port, "path": CHAT_PATH, "bodies_file": str(bodies_file), "concurrency": concurrency,
-            "requests": requests, "warmup": max(PROMPTS_PER_SIZE, 2 * concurrency), "max_s": CELL_MAX_S}
+            "requests": MAX_REQUESTS, "warmup": max(PROMPTS_PER_SIZE, 2 * concurrency), "max_s": cell_s}
     done = subprocess.run([sys.executable, str(BENCH_DIR / "loadgen.py"), json.dumps(spec)],
-                          capture_output=True, timeout=3 * CELL_MAX_S + 30, check=False)
+                          capture_output=True, timeout=3 * cell_s + 60, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"loadgen failed: {done.stderr.decode(errors='replace')[-2000:]}")
     return json.loads(done.stdout)
@@ -260,14 +259,13 @@ def measure(args: argparse.Namespace, targets: dict[str, int], workdir: Path) ->
             bodies_file = workdir / f"bodies-{size}-{stream}.txt"
             bodies_file.write_bytes(b"\n".join(make_bodies(size, stream)))
             for concurrency in args.concurrency:
-                n = max(int(REQUESTS[size, concurrency] * (QUICK_SCALE if args.quick else 1)), 2 * concurrency)
                 names = list(targets)
                 runs: dict[str, list[dict]] = {t: [] for t in names}
                 decision: dict[str, list[float]] = {t: [] for t in names}
                 for r in range(args.rounds):
                     for t in names[r % len(names):] + names[: r % len(names)]:
                         before = histograms(targets[t]) if t not in ("direct", "bare") else None
-                        runs[t].append(run_load(targets[t], bodies_file, concurrency, n))
+                        runs[t].append(run_load(targets[t], bodies_file, concurrency, args.cell_s))
                         if before is not None:
                             p50 = bucket_p50_ms(histograms(targets[t]).get("decision", {}), before.get("decision"))
                             if p50 is not None:
@@ -361,7 +359,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="reduced set, under 3 minutes")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table goes to stderr)")
-    p.add_argument("--rounds", type=int, help="rounds per cell (default 2; --quick 1)")
+    p.add_argument("--rounds", type=int, help="rounds per cell (default 3; --quick 2)")
+    p.add_argument("--cell-s", type=float, help=f"seconds per measurement (default {CELL_S}; --quick {QUICK_CELL_S})")
     p.add_argument("--sizes", help="comma list of 1k,8k,128k")
     p.add_argument("--targets", default="direct,bare,memory,redis", help="comma list of the base targets to load")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
@@ -370,7 +369,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.compare = [tuple(c.split("=", 1)) for c in args.compare]
     args.targets = args.targets.split(",")
     args.sizes = args.sizes.split(",") if args.sizes else list(SIZES_TOKENS)
-    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.cell_s = args.cell_s or (QUICK_CELL_S if args.quick else CELL_S)
     args.streams = [False] if args.quick else [False, True]
     args.concurrency = [1, 32]
     return args

@@ -46,7 +46,8 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        headers = {"x-request-id": exc.request_id} if exc.request_id else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(NoEligibleBackend)
     async def no_backend(request: Request, exc: NoEligibleBackend) -> JSONResponse:

@@ -57,6 +57,11 @@ def crit(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
 ) -> None:
     """κ_crit for models × hardware: above it, a request's cached-KV load outlasts its prefill."""
+    for flag, value in (("--kappa-hw", kappa_hw), ("--link-gbps", link_gbps), ("--c-eff-tflops", c_eff_tflops)):
+        if value is not None and not value > 0:
+            raise typer.BadParameter(f"{flag} must be > 0, got {value:g}")
+    if kappa_hw is not None and (link_gbps is not None or c_eff_tflops is not None):
+        raise typer.BadParameter("--kappa-hw replaces κ_HW = link / C_eff: give it, or --link-gbps/--c-eff-tflops, not both")
     try:
         rows = crit_rows(
             default_catalog(), model, hardware,
@@ -80,7 +85,8 @@ def crit(
         )
     Console(width=max(Console().width, 110)).print(table)
     typer.echo(
-        "A request is transfer-bound on a backend when K_host / T exceeds its κ_crit. "
+        "A request is transfer-bound on a backend when K_host / T (the cached tokens it must load from the host "
+        "tier over the link) exceeds its κ_crit; 'never' = no K makes it so at this T (attention grows with K too). "
         "Sliding-window models: B_kv is nominal over all layers (--json adds b_kv_full_attention_bytes)."
     )
 
@@ -107,6 +113,7 @@ def mock_vllm(
         "--num-gpu-blocks-override", min=1, help="vLLM --num-gpu-blocks-override: KV blocks instead of what HBM allows")] = None,
     served_model_name: Annotated[str | None, typer.Option(
         "--served-model-name", help="model name clients send (default: the catalog name)")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level; 'warning' drops access logs")] = "info",
 ) -> None:
     """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE."""
     import uvicorn
@@ -123,7 +130,8 @@ def mock_vllm(
         )
     except ValueError as exc:  # ProfileError (unknown model/hardware) or a bad setting
         raise typer.BadParameter(str(exc)) from exc
-    uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S)
+    uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S,
+                log_level=log_level, access_log=log_level in ("debug", "trace", "info"))
 
 
 # uvicorn waits forever for open streams by default (STYLE.md B7): the config sets the bound.
@@ -164,6 +172,7 @@ def mock_fleet_cmd(
             typer.echo(f"{backend.id}: {backend.hardware} x{backend.tensor_parallel} at {backend.url} (pid {proc.pid})")
         typer.echo("mock fleet up; Ctrl-C to stop")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's `&` job starts with SIGINT ignored
         try:
             while all(p.poll() is None for p in procs):
                 time.sleep(0.5)  # supervising: wake to notice a child that died
@@ -187,6 +196,9 @@ def demo(
     from gateway.demo_report import print_report
 
     _load(config)  # fail early, with the path, on a bad config
+    if not as_json:
+        typer.echo(f"starting the mock fleet of {config} and the gateway, then replaying {requests} requests "
+                   "(about a minute by default)…", err=True)
     report = run_demo(requests=requests, trace=trace, rate_rps=rate, speedup=speedup, time_scale=time_scale,
                       seed=seed, config=config, progress=not as_json)
     if as_json:
@@ -252,6 +264,8 @@ def replay_trace(
         typer.echo(json.dumps(summary, indent=2))
     else:
         print_summary(summary, Console(), concurrency=concurrency)
+    if summary["errors"]:
+        raise typer.Exit(1)  # a replay with failed requests is a failed run (scripts and CI can tell)
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ class GatewayError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.request_id: str | None = None  # set by the proxy; echoed as x-request-id
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.status, self.param)

@@ -31,7 +31,7 @@ def mock_command(settings: Settings, backend: BackendEntry, *, time_scale: float
     cmd = [sys.executable, "-m", "gateway", "mock-vllm", "--model", model, "--hardware", backend.hardware,
            "--host", parts.hostname or "127.0.0.1", "--port", str(parts.port),
            "--tensor-parallel", str(backend.tensor_parallel), "--host-tier-gb", str(backend.host_tier_gb),
-           "--time-scale", str(time_scale), "--served-model-name", backend.model]
+           "--time-scale", str(time_scale), "--served-model-name", backend.model, "--log-level", "warning"]
     if backend.power_cap_w is not None:
         cmd += ["--power-cap-w", str(backend.power_cap_w)]
     if backend.num_gpu_blocks_override is not None:

@@ -20,7 +20,7 @@ from gateway.settings import Settings
 from gateway.state import GatewayState
 from gateway.telemetry import Telemetry
 from gateway.upstream import make_session
-from prefix_index import MemoryPrefixIndex, PrefixIndex, RedisPrefixIndex
+from prefix_index import MemoryPrefixIndex, PrefixIndex, PrefixIndexError, RedisPrefixIndex
 from router.calibration import BytesPerToken
 from router.policies import build_policy
 from router.profiles import Catalog
@@ -49,6 +49,12 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         stack.push_async_callback(probe_session.close)
         index = make_index(settings)
         stack.push_async_callback(index.aclose)
+        if settings.index.backend == "redis":
+            try:
+                await index.stats()
+            except PrefixIndexError as exc:
+                log.warning("Redis index at %s unreachable at start-up (%s): serving without prefix matches until "
+                            "it answers", settings.index.redis_url, exc)
         states = [BackendState(b, settings.backend_spec(catalog, b)) for b in settings.backends]
         routing: RoutingService | None = None
 

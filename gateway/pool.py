@@ -48,6 +48,7 @@ class BackendState:
     kv_demand_bytes: float = 0.0
     outstanding_prefill_s: float = 0.0
     recorded_blocks: int = 0  # blocks recorded in the index for it (its "tree size"), approximate
+    model_checked: bool = False  # its /v1/models listed the configured model (re-checked after a restart)
 
     @property
     def id(self) -> str:
@@ -166,6 +167,8 @@ class BackendPool:
             async with self._session.get(f"{state.entry.url}/health",
                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 ok = resp.status == 200
+            if ok and not state.model_checked:
+                ok = await self._serves_configured_model(state)
         except (aiohttp.ClientError, TimeoutError):
             ok = False
         if ok and not state.healthy:
@@ -173,6 +176,30 @@ class BackendPool:
         elif not ok and state.healthy:
             log.warning("backend %s failed its health check", state.id)
         self._set_health(state, ok)
+
+    async def _serves_configured_model(self, state: BackendState) -> bool:
+        """GET /v1/models once: a backend that lists other models only stays out of rotation.
+
+        A backend without the route (404) cannot be checked and is trusted. Raises aiohttp or
+        timeout errors to the caller (the probe counts them as a failed check).
+        """
+        async with self._session.get(f"{state.entry.url}/v1/models",
+                                     timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+            if resp.status == 404:
+                state.model_checked = True
+                return True
+            if resp.status != 200:
+                return False
+            try:
+                listed = {m.get("id") for m in (await resp.json(content_type=None)).get("data", [])}
+            except (ValueError, AttributeError, TypeError):
+                listed = set()
+        if state.entry.model in listed:
+            state.model_checked = True
+            return True
+        log.error("backend %s serves %s, not the configured model %r: kept out of rotation",
+                  state.id, sorted(str(m) for m in listed) or "no models", state.entry.model)
+        return False
 
     async def _scrape(self, state: BackendState) -> None:
         if not state.healthy:
@@ -191,6 +218,7 @@ class BackendPool:
         if _restarted(previous, metrics):
             log.warning("backend %s restarted (process start time or counters reset): forgetting its index entries",
                         state.id)
+            state.model_checked = False
             await self._on_restart(state.id)
 
     def _set_health(self, state: BackendState, healthy: bool) -> None:

@@ -20,7 +20,7 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway.errors import PayloadTooLarge, UpstreamError, UpstreamUnavailable
+from gateway.errors import GatewayError, PayloadTooLarge, UpstreamError, UpstreamUnavailable
 from gateway.relay import SseObserver, midstream_error_event, usage_from_body
 from gateway.routing import Kind, RoutePlan
 from gateway.state import GatewayState
@@ -55,12 +55,27 @@ def kappa_headers(candidate: Candidate, request_id: str) -> dict[str, str]:
 
 
 async def proxy(request: Request, kind: Kind, gw: GatewayState) -> Response:
-    """Serve one chat or completions request end to end (errors raise `GatewayError`s)."""
+    """Serve one chat or completions request end to end.
+
+    Raises:
+        GatewayError: the gateway's own refusals and upstream failures, carrying the request id
+            (the app's handler answers them OpenAI-style with ``x-request-id``); each is counted in
+            ``gateway_requests_total`` with backend "none" and its HTTP status.
+    """
     received_s = gw.clock()
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    try:
+        return await _proxy(request, kind, gw, received_s, request_id)
+    except GatewayError as exc:
+        exc.request_id = request_id
+        gw.telemetry.requests.labels("none", "none", gw.settings.routing.policy, "none", str(exc.status)).inc()
+        raise
+
+
+async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: float, request_id: str) -> Response:
     raw = await read_body(request, gw.settings.gateway.max_body_bytes)
     parsed = gw.routing.parse(kind, raw)
     plan = await gw.routing.plan(parsed)
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     up_headers = forward_headers(request.headers, request_id)
     last_error: UpstreamError | None = None
     for candidate in plan.decision.ranked[: 1 + RETRIES_BEFORE_FIRST_BYTE]:
@@ -79,14 +94,14 @@ async def proxy(request: Request, kind: Kind, gw: GatewayState) -> Response:
             last_error = exc
             continue
         ticket.first_byte()
-        gw.spawn(gw.routing.record(parsed.model, state, parsed.hashes))
+        if resp.status < 400:  # the backend ran the prefill: its cache now holds the chain
+            gw.spawn(gw.routing.record(parsed.model, state, parsed.hashes))
         relay = _Relay(gw, plan, candidate, ticket, resp, received_s)
         headers = {**response_headers(resp.headers), **kappa_headers(candidate, request_id)}
         if resp.status < 400 and _is_event_stream(resp):
             return StreamingResponse(relay.stream(first), status_code=resp.status, headers=headers)
         body = await relay.body(request, first)
         return Response(body, status_code=resp.status, headers=headers)
-    gw.telemetry.requests.labels("none", parsed.model, plan.decision.policy, "none", "upstream_error").inc()
     assert last_error is not None
     raise last_error
 

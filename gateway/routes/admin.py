@@ -96,5 +96,5 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
         "model": f.model, "kind": kind, "policy": plan.decision.policy, "chosen": plan.decision.chosen.backend_id,
         "reason": plan.decision.reason, "index_available": plan.index_ok,
         "prompt_tokens_estimate": f.prompt_tokens, "prompt_blocks": f.prompt_blocks,
-        "block_size_tokens": f.block_size_tokens, "max_tokens": f.max_tokens, "candidates": candidates,
+        "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "candidates": candidates,
     }

@@ -153,3 +153,34 @@ def test_authorization_is_forwarded_and_hop_by_hop_headers_are_not() -> None:
         assert seen["authorization"] == "Bearer sk-secret" and seen["x-custom"] == "kept"
         assert "keep-alive" not in seen and "te" not in seen
         assert seen["x-request-id"] == resp.headers["x-request-id"]
+
+
+def test_a_request_the_backend_rejects_leaves_nothing_in_the_index() -> None:
+    """Regression: a 4xx reply (n=2, context too long) was recorded as cached blocks."""
+    script = Script(mode="status", status=400)
+    with run_fakes([script]) as urls, run_gateway([backend_doc("a", urls[0])]) as gw:
+        body = {"model": MOCK_MODEL, "prompt": "rejected prompt " * 400, "max_tokens": 1, "n": 2}
+        resp = gw.http.post("/v1/completions", json=body)
+        assert resp.status_code == 400 and resp.json()["error"]["message"] == "scripted failure"
+        script.mode = "ok"  # the next (successful) request shows what the index believed
+        explained = gw.http.post("/v1/kappa/route", json=body).json()
+        assert explained["candidates"][0]["cached_hbm_tokens"] == 0
+
+
+def test_gateway_errors_echo_the_request_id_and_are_counted() -> None:
+    with run_fakes([Script()]) as urls, run_gateway([backend_doc("a", urls[0])]) as gw:
+        bad = gw.http.post("/v1/chat/completions", content=b"{oops", headers={"x-request-id": "mine-1"})
+        unknown = gw.http.post("/v1/chat/completions", json={**CHAT, "model": "gpt-9"})
+        assert bad.status_code == 400 and bad.headers["x-request-id"] == "mine-1"
+        assert unknown.status_code == 404 and unknown.headers["x-request-id"]
+        assert gw.metric("gateway_requests_total", backend="none", status="400") == 1
+        assert gw.metric("gateway_requests_total", backend="none", status="404") == 1
+
+
+def test_a_backend_serving_another_model_stays_out_of_rotation() -> None:
+    wrong, right = Script(model="llama-3.1-70b"), Script()
+    with run_fakes([wrong, right]) as urls, run_gateway([backend_doc("wrong", urls[0]), backend_doc("b", urls[1])]) as gw:
+        assert gw.http.get("/ready").json()["healthy_backends"] == 1
+        for _ in range(3):
+            assert post(gw.http, CHAT).headers["x-kappa-backend"] == "b"
+        assert wrong.received == []

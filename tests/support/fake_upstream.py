@@ -23,7 +23,7 @@ from starlette.routing import Route
 class Script:
     """What the fake does. ``mode``: ok | status | hang | die_mid_stream | slow_stream."""
 
-    model: str = "fake-model"
+    model: str = "llama-3.1-8b"  # what /v1/models lists
     mode: str = "ok"
     status: int = 500
     chunks: int = 3
@@ -86,7 +86,11 @@ def make_app(script: Script) -> Starlette:
         )
         return PlainTextResponse(text)
 
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": script.model, "object": "model"}]})
+
     return Starlette(routes=[
+        Route("/v1/models", models),
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/health", health), Route("/metrics", metrics),
