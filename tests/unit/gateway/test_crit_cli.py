@@ -70,3 +70,14 @@ def test_table_output_and_unknown_model_error() -> None:
     assert ok.returncode == 0 and "llama-3.1-8b" in ok.stdout and "131,072" in ok.stdout
     bad = run_cli("crit", "-m", "gpt-5")
     assert bad.returncode == 2 and "unknown model 'gpt-5'" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--link-gbps", "0"], "--link-gbps must be > 0"), (["--c-eff-tflops", "-1"], "--c-eff-tflops must be > 0"),
+     (["--kappa-hw", "0"], "--kappa-hw must be > 0"), (["--kappa-hw", "34e-6", "--link-gbps", "40"], "not both")],
+    ids=["zero-link", "negative-compute", "zero-kappa-hw", "conflicting-overrides"],
+)
+def test_bad_overrides_are_usage_errors(args: list[str], message: str) -> None:
+    proc = run_cli("crit", "-m", "llama-3.1-8b", "-w", "h100-sxm", *args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
