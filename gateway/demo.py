@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.catalog import CONFIG_DIR, default_catalog
 from gateway.fleet import mock_fleet
+from gateway.processes import answers_ok, free_port, stop_processes
 from gateway.replay import RequestResult, replay
 from gateway.replay_report import percentile
 from gateway.settings import Settings, load_settings, parse_settings
@@ -40,14 +41,6 @@ DEFAULT_CONFIG = CONFIG_DIR / "fleet.local.yaml"
 DEFAULT_REQUESTS = 150
 DEFAULT_RATE_RPS = 2.5
 READY_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def on_free_ports(settings: Settings) -> Settings:
@@ -70,7 +63,7 @@ def gateway_process(settings: Settings) -> Iterator[str]:
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _ok(f"{url}/ready"):
+        while not answers_ok(f"{url}/ready"):
             if proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited: {proc.stderr.read().decode()[-2000:]}")
             if time.monotonic() > deadline:
@@ -78,22 +71,9 @@ def gateway_process(settings: Settings) -> Iterator[str]:
             time.sleep(0.05)  # poll interval
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_processes([proc], timeout_s=15)
         proc.stderr.close()
         Path(f.name).unlink(missing_ok=True)
-
-
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _scrape(url: str) -> dict[str, float]:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+from gateway.processes import answers_ok, stop_processes
 from gateway.settings import BackendEntry, Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -43,14 +42,6 @@ def local_backends(settings: Settings) -> list[BackendEntry]:
     return [b for b in settings.backends if urlsplit(b.url).hostname in LOCAL_HOSTS]
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @contextmanager
 def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True) -> Iterator[list[subprocess.Popen]]:
     """Start a mock for every local backend, wait until all answer /health, stop them on exit.
@@ -70,19 +61,11 @@ def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True) -> 
             for url, proc in list(pending.items()):
                 if proc.poll() is not None:
                     raise RuntimeError(f"mock backend for {url} exited with {proc.returncode} (is the port free?)")
-                if _healthy(url):
+                if answers_ok(f"{url}/health"):
                     del pending[url]
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"mock backends not healthy after {READY_TIMEOUT_S:g}s: {sorted(pending)}")
             time.sleep(POLL_INTERVAL_S)  # poll interval between health checks
         yield procs
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs)
