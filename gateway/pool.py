@@ -26,6 +26,7 @@ from gateway.scrape import BackendMetrics, parse_vllm_metrics
 from gateway.settings import BackendEntry
 from gateway.telemetry import Telemetry
 from router import kappa
+from router.calibration import KappaCritFit
 from router.cost import BackendSpec
 
 log = logging.getLogger("kappa_gateway.pool")
@@ -49,6 +50,10 @@ class BackendState:
     outstanding_prefill_s: float = 0.0
     recorded_blocks: int = 0  # blocks recorded in the index for it (its "tree size"), approximate
     model_checked: bool = False  # its /v1/models listed the configured model (re-checked after a restart)
+    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from clean TTFT samples
+
+    def __post_init__(self) -> None:
+        self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit)
 
     @property
     def id(self) -> str:

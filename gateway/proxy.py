@@ -80,6 +80,7 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
     last_error: UpstreamError | None = None
     for candidate in plan.decision.ranked[: 1 + RETRIES_BEFORE_FIRST_BYTE]:
         state = plan.states[candidate.backend_id]
+        idle = state.in_flight == 0  # a clean sample for the κ_crit fit if nothing else ran there
         ticket = gw.routing.charge(plan, candidate)
         try:
             resp, first = await open_response(
@@ -96,7 +97,7 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         ticket.first_byte()
         if resp.status < 400:  # the backend ran the prefill: its cache now holds the chain
             gw.spawn(gw.routing.record(parsed.model, state, parsed.hashes))
-        relay = _Relay(gw, plan, candidate, ticket, resp, received_s)
+        relay = _Relay(gw, plan, candidate, ticket, resp, received_s, idle)
         headers = {**response_headers(resp.headers), **kappa_headers(candidate, request_id)}
         if resp.status < 400 and _is_event_stream(resp):
             return StreamingResponse(relay.stream(first), status_code=resp.status, headers=headers)
@@ -114,9 +115,10 @@ class _Relay:
     """Relays one upstream response and settles its ticket, metrics and usage exactly once."""
 
     def __init__(self, gw: GatewayState, plan: RoutePlan, candidate: Candidate, ticket, resp: aiohttp.ClientResponse,
-                 received_s: float) -> None:
+                 received_s: float, backend_idle: bool) -> None:
         self.gw, self.plan, self.candidate, self.ticket, self.resp = gw, plan, candidate, ticket, resp
         self.observer = SseObserver(received_s)
+        self.backend_idle = backend_idle
 
     async def stream(self, first: bytes) -> AsyncIterator[bytes]:
         gw, resp, idle = self.gw, self.resp, self.gw.settings.gateway.upstream_idle_timeout_s
@@ -161,7 +163,6 @@ class _Relay:
             raise UpstreamUnavailable(f"backend {self.candidate.backend_id} failed while sending its response: {exc}") from exc
         finally:
             gone.cancel()
-        self.observer.first_content_s = self.observer.last_content_s = self.gw.clock()
         usage = usage_from_body(body) if self.resp.status < 400 else None
         if usage:
             self.observer.usage = usage
@@ -184,13 +185,19 @@ class _Relay:
         if outcome != "ok":
             return
         obs = self.observer
-        if obs.ttft_s is not None:
+        c = self.candidate
+        if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
             t.ttft.labels(backend).observe(obs.ttft_s)
+            fit = self.plan.states[backend].kappa_fit
+            fit.observe(new_tokens=c.new_tokens, cached_host_tokens=c.cached_host_tokens, ttft_s=obs.ttft_s,
+                        backend_idle=self.backend_idle)
+            measured = fit.kappa_crit()
+            if measured is not None:
+                t.kappa_crit.labels(backend, "measured").set(measured)
         for gap in obs.itl_s:
             t.itl.labels(backend).observe(gap)
         t.e2e.labels(backend).observe(now - obs.start_s)
         t.kappa_ratio.labels(backend).observe(est.kappa_ratio)
-        c = self.candidate
         t.prompt_tokens.labels(backend, "cached_hbm").inc(c.cached_hbm_tokens)
         t.prompt_tokens.labels(backend, "cached_host").inc(c.cached_host_tokens)
         t.prompt_tokens.labels(backend, "new").inc(c.new_tokens)

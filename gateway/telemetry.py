@@ -54,7 +54,8 @@ class Telemetry:
                                           buckets=DECISION_BUCKETS, registry=r)
         self.kappa_ratio = Histogram("gateway_kappa_ratio", "κ_ratio = K/T of routed requests on the chosen backend.",
                                      ["backend"], buckets=KAPPA_BUCKETS, registry=r)
-        self.kappa_crit = Gauge("gateway_kappa_crit", "κ_crit per backend: predicted from profiles, measured by fit.",
+        self.kappa_crit = Gauge("gateway_kappa_crit", "κ_crit per backend: predicted from profiles; measured "
+                                "(router.calibration.KappaCritFit) once enough clean TTFT samples exist.",
                                 ["backend", "kind"], registry=r)
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)

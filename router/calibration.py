@@ -49,3 +49,63 @@ class BytesPerToken:
         self._by_model[model] = current + weight * (sample - current)
         self.samples[model] = n + 1
         return True
+
+
+# Samples of each kind kept per backend (a sliding window, so a changed backend shows through).
+KAPPA_FIT_WINDOW = 64
+KAPPA_FIT_MIN_SAMPLES = 5
+MIN_COMPUTE_SAMPLE_TOKENS = 256  # shorter prefills are dominated by the fixed per-step cost
+TRANSFER_SAMPLE_MARGIN = 2.0  # K_host/T at least this many times the predicted κ_crit
+
+
+@dataclass
+class KappaCritFit:
+    """Measured κ_crit of one backend, from TTFTs of requests that ran alone there.
+
+    κ_crit is the ratio of the time to compute one new token to the time to load one cached
+    token (DESIGN.md §3: "time per new token / time per loaded token"). Requests that found
+    the backend idle (nothing in flight from this gateway) and had nothing to load give the
+    first: TTFT/T; those far into the transfer-bound regime (K_host/T ≥ 2 × predicted κ_crit)
+    give the second: TTFT/K_host. Each is the median of the latest ``KAPPA_FIT_WINDOW``
+    samples; the fit answers once both have ``KAPPA_FIT_MIN_SAMPLES``.
+
+    Args:
+        predicted_kappa_crit: the profile's κ_crit, to pick transfer-bound samples.
+    """
+
+    predicted_kappa_crit: float
+    _per_new_token_s: list[float] = field(default_factory=list)
+    _per_loaded_token_s: list[float] = field(default_factory=list)
+
+    def observe(self, *, new_tokens: int, cached_host_tokens: int, ttft_s: float, backend_idle: bool) -> None:
+        """Fold in one request's measured TTFT (seconds) if it is a clean sample."""
+        if not backend_idle or ttft_s <= 0:
+            return
+        if cached_host_tokens == 0 and new_tokens >= MIN_COMPUTE_SAMPLE_TOKENS:
+            _push(self._per_new_token_s, ttft_s / new_tokens)
+        elif cached_host_tokens > 0 and cached_host_tokens >= TRANSFER_SAMPLE_MARGIN * self.predicted_kappa_crit * max(
+                new_tokens, 1):
+            _push(self._per_loaded_token_s, ttft_s / cached_host_tokens)
+
+    @property
+    def samples(self) -> tuple[int, int]:
+        """(compute-bound samples, transfer-bound samples) held."""
+        return len(self._per_new_token_s), len(self._per_loaded_token_s)
+
+    def kappa_crit(self) -> float | None:
+        """Measured κ_crit, or None until both kinds of sample are plentiful enough."""
+        if min(self.samples) < KAPPA_FIT_MIN_SAMPLES:
+            return None
+        return _median(self._per_new_token_s) / _median(self._per_loaded_token_s)
+
+
+def _push(window: list[float], value: float) -> None:
+    window.append(value)
+    if len(window) > KAPPA_FIT_WINDOW:
+        del window[0]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

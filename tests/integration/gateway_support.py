@@ -69,13 +69,13 @@ def run_gateway(backends: list[dict], **sections: dict) -> Iterator[Gateway]:
 
 
 @contextmanager
-def run_mocks(n: int, *, time_scale: float = 0.001, host_tier_gb: float = 16.0) -> Iterator[list[str]]:
+def run_mocks(n: int, *, time_scale: float = 0.001, host_tier_gb: float = 16.0, **engine: Any) -> Iterator[list[str]]:
     """``n`` mock vLLM backends (llama-3.1-8b on H100), each on its own loopback port."""
     catalog = default_catalog()
     with ExitStack() as stack:
         urls = [stack.enter_context(serve_in_thread(build_app(
             catalog.model(MOCK_MODEL), catalog.hw("h100-sxm"), host_tier_gb=host_tier_gb, time_scale=time_scale,
-            registry=CollectorRegistry()))) for _ in range(n)]
+            registry=CollectorRegistry(), **engine))) for _ in range(n)]
         yield urls
 
 
