@@ -2,8 +2,8 @@
 
 ``serve`` (the gateway), ``demo`` (mock fleet + gateway + traffic + report), ``mock-vllm``
 and ``mock-fleet`` (vLLM-compatible mock backends), ``replay`` (a trace against any OpenAI
-URL) and ``crit`` (κ_crit for model × hardware). The fleet simulator (``sim``) and
-``analyze`` are not built yet and are absent, not stubbed.
+URL), ``sim`` (policies compared in virtual time) and ``crit`` (κ_crit for model ×
+hardware). ``analyze`` is not built yet and is absent, not stubbed.
 """
 
 from __future__ import annotations
@@ -207,6 +207,36 @@ def demo(
         print_report(report, Console())
     if report["errors"]:
         raise typer.Exit(1)
+
+
+@app.command("sim")
+def sim_cmd(
+    fleet: Annotated[Path, typer.Option("--fleet", "-f", exists=True, dir_okay=False,
+                                        help="fleet config YAML, e.g. config/fleets/heterogeneous.yaml")],
+    trace: Annotated[Path | None, typer.Option("--trace", exists=True, dir_okay=False,
+                                               help="Mooncake .jsonl or Azure .csv trace")] = None,
+    workload: Annotated[str | None, typer.Option("--workload", help="a generated workload instead of --trace: mooncake-like")] = None,
+    policies: Annotated[str, typer.Option("--policies", help="comma-separated policies to compare")] = "kappa,round-robin,least-loaded,prefix-affinity,weighted",
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the first N requests (a workload: N requests)")] = None,
+    rate_scale: Annotated[float, typer.Option("--rate-scale", help="arrivals this many times as frequent, > 0")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="tie-break (and workload) seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Compare routing policies on a trace and fleet in virtual time (the real router and index, mock engines)."""
+    from gateway.sim_command import print_sim_report, run_sim
+
+    if rate_scale <= 0:
+        raise typer.BadParameter(f"must be > 0, got {rate_scale}", param_hint="--rate-scale")
+    _load(fleet)  # fail early, with the path, on a bad config
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    try:
+        report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed)
+    except ValueError as exc:  # both/neither of --trace and --workload, unknown workload or policy, bad trace
+        raise typer.BadParameter(str(exc)) from exc
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_sim_report(report, Console())
 
 
 def _load(config: Path):

@@ -38,7 +38,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mock_vllm.engine import MockEngine, PromptTooLong
@@ -76,7 +76,6 @@ class RequestRecord:
 
     ``kappa_ratio``, ``kappa_crit``, ``regime`` and ``predicted_ttft_s`` are the chosen
     candidate's figures at decision time (what the gateway puts in its x-kappa-* headers).
-    ``refused_by`` counts backends that rejected it before one accepted (prompt too long).
     """
 
     index: int
@@ -87,7 +86,6 @@ class RequestRecord:
     kappa_crit: float
     regime: str
     predicted_ttft_s: float
-    refused_by: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     cached_host_tokens: int = 0
@@ -110,7 +108,8 @@ class SimResult:
     Args:
         policy: the policy's name.
         records: one per routed request, by trace index.
-        rejected: trace indexes no backend accepted (longer than every backend's context).
+        rejected: trace indexes the chosen backend refused (prompt + max_tokens over its context),
+            answered with an error as the gateway would relay vLLM's 400; not in ``records``.
         start_s, end_s: first arrival and last finish, s.
         energy_j: joules per backend id over [start_s, end_s], idle included.
         backends: the fleet's backends, in config order.
@@ -171,15 +170,16 @@ class _Backend:
 
 
 class _Active:
-    __slots__ = ("record", "backend", "kv_bytes", "prefill_s", "hashes", "prompt_bytes")
+    """A request between decision and finish: its record and its charges on the ledger."""
 
-    def __init__(self, record: RequestRecord, backend: _Backend, kv_bytes: float, prefill_s: float,
-                 hashes: Sequence[int], prompt_bytes: int) -> None:
-        self.record, self.backend, self.kv_bytes, self.prefill_s = record, backend, kv_bytes, prefill_s
+    __slots__ = ("record", "kv_bytes", "prefill_s", "hashes", "prompt_bytes")
+
+    def __init__(self, record: RequestRecord, kv_bytes: float, prefill_s: float, hashes: Sequence[int],
+                 prompt_bytes: int) -> None:
+        self.record, self.kv_bytes, self.prefill_s = record, kv_bytes, prefill_s
         self.hashes, self.prompt_bytes = hashes, prompt_bytes
 
 
-@dataclass
 class Simulator:
     """One run: a fleet, a policy, a prepared trace.
 
@@ -190,26 +190,24 @@ class Simulator:
         seed: seeds the policies' tie-breaks.
         model: the served model every request asks for (default: the fleet's first).
         observer: called with every decision's inputs and output.
+
+    Raises:
+        ValueError: no backend serves ``model``.
     """
 
-    fleet: Fleet
-    policy: Policy
-    requests: Sequence[PreparedRequest]
-    seed: int = 0
-    model: str | None = None
-    observer: DecisionObserver | None = None
-    _backends: list[_Backend] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.model = self.model or self.fleet.served_models()[0]
-        self._backends = [_Backend(b) for b in self.fleet.backends if b.model == self.model]
+    def __init__(self, fleet: Fleet, policy: Policy, requests: Sequence[PreparedRequest], *, seed: int = 0,
+                 model: str | None = None, observer: DecisionObserver | None = None) -> None:
+        self.fleet, self.policy, self.requests, self.observer = fleet, policy, requests, observer
+        self.model = model or fleet.served_models()[0]
+        self._backends = [_Backend(b) for b in fleet.backends if b.model == self.model]
         if not self._backends:
             raise ValueError(f"no backend serves model {self.model!r}")
         self._by_id = {b.config.id: b for b in self._backends}
+        self._position = {b.config.id: i for i, b in enumerate(self._backends)}
         self._index = MemoryPrefixIndex()
-        self._rng = random.Random(self.seed)
-        self._calibration = BytesPerToken(self.fleet.bytes_per_token)
-        self._block_bytes = self.fleet.block_size_bytes
+        self._rng = random.Random(seed)
+        self._calibration = BytesPerToken(fleet.bytes_per_token)
+        self._block_bytes = fleet.block_size_bytes
         self._b_kv = kappa.b_kv_bytes(self._backends[0].config.spec.model)
         self._active: dict[str, _Active] = {}
         self._records: dict[int, RequestRecord] = {}
@@ -299,27 +297,25 @@ class Simulator:
         decision = decide(self.policy, features, views, self._rng)
         if self.observer is not None:
             self.observer(DecisionEvent(now, req.index, features, tuple(views), decision))
-        tokens = token_ids(req)
+        cand = decision.chosen
+        b = self._by_id[cand.backend_id]
         rid = str(req.index)
-        for refused, cand in enumerate(decision.ranked):
-            b = self._by_id[cand.backend_id]
-            try:
-                b.engine.add_request(rid, tokens, max_tokens=req.max_tokens, arrival_s=now)
-            except PromptTooLong:
-                continue
-            est = cand.estimate
-            record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_crit,
-                                   est.regime.value, est.ttft_s, refused_by=refused)
-            self._records[req.index] = record
-            self._active[rid] = _Active(record, b, est.kv_demand_bytes, est.prefill_s, hashes, req.prompt_bytes)
-            b.in_flight += 1
-            b.kv_demand_bytes += est.kv_demand_bytes
-            b.outstanding_prefill_s += est.prefill_s
-            if b.first_add_s is None:
-                b.first_add_s = now
-            return self._backends.index(b)
-        self._rejected.append(req.index)
-        return None
+        try:
+            b.engine.add_request(rid, token_ids(req), max_tokens=req.max_tokens, arrival_s=now)
+        except PromptTooLong:  # a 400 from the backend: the gateway relays it, retries only 5xx
+            self._rejected.append(req.index)
+            return None
+        est = cand.estimate
+        record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_crit,
+                               est.regime.value, est.ttft_s)
+        self._records[req.index] = record
+        self._active[rid] = _Active(record, est.kv_demand_bytes, est.prefill_s, hashes, req.prompt_bytes)
+        b.in_flight += 1
+        b.kv_demand_bytes += est.kv_demand_bytes
+        b.outstanding_prefill_s += est.prefill_s
+        if b.first_add_s is None:
+            b.first_add_s = now
+        return self._position[cand.backend_id]
 
     # -- engine outputs (gateway.proxy: first byte, record, finish, usage) ------------------
     def _step_end(self, b: _Backend, now: float) -> None:

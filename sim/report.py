@@ -1,0 +1,110 @@
+"""One policy's run as numbers: latency percentiles, throughput, goodput, energy, cache, regimes.
+
+Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
+
+- TTFT = first token − arrival; E2E = finish − arrival; percentiles with linear
+  interpolation (as `gateway.replay_report.percentile`), over finished requests.
+- throughput_rps = finished requests / makespan, makespan = last finish − first arrival.
+- goodput_rps = finished requests with TTFT ≤ ``ttft_slo_s`` / makespan.
+- energy_per_request_j = the whole fleet's joules over the makespan (idle included) /
+  finished requests.
+- prefix_hit_ratio = Σ cached prompt tokens / Σ prompt tokens, as the engines reported
+  them (``usage.prompt_tokens_details.cached_tokens``); host_hit_ratio = the part of it
+  loaded from host tiers.
+- regime_share = share of requests whose chosen backend's predicted regime was compute /
+  transfer (the x-kappa-regime the gateway would have sent).
+- Per backend, as the demo reports (`gateway.demo.build_report`): requests; high-κ = κ_ratio
+  above the lowest κ_crit of the compute-dense backends (`sim.fleet.high_kappa_threshold`);
+  large-T = new prompt tokens (prompt − cached, engine-reported) at or above their p90 over
+  the run. ``*_share`` is the backend's part of all such requests (summing to 1 over backends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sim.fleet import SimBackend, high_kappa_threshold
+from sim.simulator import SimResult
+
+DEFAULT_TTFT_SLO_S = 5.0
+"""TTFT SLO for goodput, s. A p95-length Mooncake prompt (≈40k tokens) of Llama-3.1-70B
+prefills in ≈3.8 s alone on a B200 ×2 (40k × (141 GFLOP + attention) / 2.02 PFLOP/s): the SLO
+leaves about a second for queueing there, less on slower backends."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0–100) with linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    lo = int(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def _hardware(b: SimBackend) -> str:
+    spec = b.spec
+    cap = f" capped {spec.power_cap_w:g} W" if spec.power_cap_w else ""
+    return f"{spec.hardware.name} x{spec.tensor_parallel}{cap}"
+
+
+def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> dict[str, Any]:
+    """Summarise one run (definitions in the module docstring).
+
+    Returns:
+        ``{"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "throughput_rps",
+        "goodput_rps", "ttft_slo_s", "energy_per_request_j", "energy_j", "prefix_hit_ratio",
+        "host_hit_ratio", "regime_share": {"compute", "transfer"}, "requests", "finished",
+        "rejected", "makespan_s", "high_kappa_threshold", "large_t_threshold_tokens",
+        "backends": [{"id", "hardware", "role", "kappa_crit", "requests", "request_share",
+        "high_kappa_requests", "high_kappa_share", "large_t_requests", "large_t_share",
+        "prefix_hit_ratio", "ttft_p50_s", "energy_j"}], "wall_s"}``; figures with no data are None.
+    """
+    done = [r for r in result.records if r.finish_s is not None and r.first_token_s is not None]
+    makespan = result.end_s - result.start_s
+    ttfts = [r.first_token_s - r.arrival_s for r in done]
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    host = sum(r.cached_host_tokens for r in done)
+    routed = len(result.records)
+    transfer = sum(r.regime == "transfer" for r in result.records)
+    energy = sum(result.energy_j.values())
+    high_kappa = high_kappa_threshold(result.backends)
+    large_t = percentile([r.prompt_tokens - r.cached_tokens for r in done], 90)
+    n_high = sum(r.kappa_ratio > high_kappa for r in result.records)
+    n_large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in done)
+    backends = []
+    for b in result.backends:
+        mine = [r for r in result.records if r.backend_id == b.id]
+        mine_done = [r for r in done if r.backend_id == b.id]
+        b_prompt = sum(r.prompt_tokens for r in mine_done)
+        high = sum(r.kappa_ratio > high_kappa for r in mine)
+        large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in mine_done)
+        backends.append({
+            "id": b.id, "hardware": _hardware(b), "role": b.labels.get("role", ""),
+            "kappa_crit": b.spec.kappa_crit, "requests": len(mine), "request_share": _share(len(mine), routed),
+            "high_kappa_requests": high, "high_kappa_share": _share(high, n_high),
+            "large_t_requests": large, "large_t_share": _share(large, n_large),
+            "prefix_hit_ratio": _share(sum(r.cached_tokens for r in mine_done), b_prompt),
+            "ttft_p50_s": percentile([r.first_token_s - r.arrival_s for r in mine_done], 50),
+            "energy_j": result.energy_j.get(b.id),
+        })
+    return {
+        "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90), "ttft_p99_s": percentile(ttfts, 99),
+        "e2e_p50_s": percentile([r.finish_s - r.arrival_s for r in done], 50),
+        "throughput_rps": len(done) / makespan if makespan > 0 else None,
+        "goodput_rps": sum(t <= ttft_slo_s for t in ttfts) / makespan if makespan > 0 else None,
+        "ttft_slo_s": ttft_slo_s,
+        "energy_per_request_j": energy / len(done) if done else None, "energy_j": energy,
+        "prefix_hit_ratio": _share(cached, prompt), "host_hit_ratio": _share(host, prompt),
+        "regime_share": {"compute": _share(routed - transfer, routed), "transfer": _share(transfer, routed)},
+        "requests": routed + len(result.rejected), "finished": len(done), "rejected": len(result.rejected),
+        "makespan_s": makespan, "high_kappa_threshold": high_kappa, "large_t_threshold_tokens": large_t,
+        "backends": backends, "wall_s": result.wall_s,
+    }
