@@ -182,11 +182,11 @@ def mock_fleet_cmd(
 
 @app.command()
 def demo(
-    requests: Annotated[int, typer.Option("--requests", "-n", min=1, help="how many requests to replay")] = 150,
+    requests: Annotated[int, typer.Option("--requests", "-n", min=1, help="how many requests to replay")] = 400,
     trace: Annotated[Path | None, typer.Option("--trace", help="a real trace (Mooncake JSONL, Azure CSV, ShareGPT JSON) instead of the built-in generator")] = None,
-    rate: Annotated[float, typer.Option("--rate", min=0.01, help="built-in generator's arrival rate, requests/s")] = 2.5,
-    speedup: Annotated[float, typer.Option("--speedup", min=0.01, help="replay a --trace this many times faster")] = 1.0,
-    time_scale: Annotated[float, typer.Option("--time-scale", min=0.001, help="mock backends' wall seconds per modelled second")] = 1.0,
+    rate: Annotated[float, typer.Option("--rate", min=0.01, help="built-in generator's arrival rate, modelled requests/s")] = 2.5,
+    speedup: Annotated[float, typer.Option("--speedup", min=0.01, help="replay a --trace this many times faster (modelled time)")] = 1.0,
+    time_scale: Annotated[float, typer.Option("--time-scale", min=0.001, help="mocks' wall seconds per modelled second (0.4: 2.5x real time)")] = 0.4,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config")] = Path("config/fleet.local.yaml"),
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
@@ -197,8 +197,8 @@ def demo(
 
     _load(config)  # fail early, with the path, on a bad config
     if not as_json:
-        typer.echo(f"starting the mock fleet of {config} and the gateway, then replaying {requests} requests "
-                   "(about a minute by default)…", err=True)
+        typer.echo(f"starting the mock fleet of {config} (time scale {time_scale:g}) and the gateway, then replaying "
+                   f"{requests} requests (about a minute by default)…", err=True)
     report = run_demo(requests=requests, trace=trace, rate_rps=rate, speedup=speedup, time_scale=time_scale,
                       seed=seed, config=config, progress=not as_json)
     if as_json:

@@ -30,6 +30,11 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             _f(b["prefix_hit_ratio"], ".0%"), _f(b["ttft_p50_s"], ".3f"), _f(b["ttft_p90_s"], ".3f"), _f(energy, ".1f"))
     console = Console(width=max(console.width, 160))
     console.print(table)
+    roles = report.get("placement_by_role", {})
+    if roles:
+        console.print("Placement by role — share of each role's requests that are high-κ (κ>"
+                      f"{report['high_kappa_threshold']:.1f}) / large-T: " + "; ".join(
+                          f"{role} {g['high_kappa_share']:.0%} / {g['large_t_share']:.0%}" for role, g in roles.items()))
     est, rep = report["index_cached_tokens_estimated"], report["index_cached_tokens_reported"]
     if rep:
         console.print(f"Prefix index: estimated {est:,.0f} cached tokens where backends reported {rep:,.0f} "

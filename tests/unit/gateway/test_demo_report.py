@@ -1,0 +1,37 @@
+"""The demo's report from replay results (a pure function of results and scraped metrics)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.catalog import CONFIG_DIR, default_catalog
+from gateway.demo import build_report
+from gateway.replay import RequestResult
+from gateway.settings import load_settings
+
+SETTINGS = load_settings(CONFIG_DIR / "fleet.local.yaml", default_catalog(), env={})
+
+
+def result(i: int, backend: str, kappa: float, prompt: int, cached: int, regime: str = "compute") -> RequestResult:
+    return RequestResult(index=i, arrival_s=0.0, sent_s=0.0, status=200, ttft_s=0.1 * (i + 1), prompt_tokens=prompt,
+                         cached_tokens=cached, backend=backend, kappa_ratio=kappa, regime=regime)
+
+
+def test_report_counts_shares_and_converts_ttft_to_modelled_seconds() -> None:
+    results = [
+        result(0, "b200-a", 0.1, 30_000, 0),
+        result(1, "b200-a", 0.2, 2_000, 500),
+        result(2, "gh200", 50.0, 10_000, 9_800, "transfer"),
+        result(3, "h100-capped", 20.0, 4_200, 4_000),
+        RequestResult(index=4, arrival_s=0.0, sent_s=0.0, status=503, error="no backend"),
+    ]
+    report = build_report(SETTINGS, results, {"gh200": {"mock_vllm:energy_joules_total": 1234.0}},
+                          {"gateway_cached_tokens_estimated_total": 14_000.0}, time_scale=0.5)
+    assert (report["requests"], report["errors"], report["error_examples"]) == (5, 1, ["no backend"])
+    by_id = {b["id"]: b for b in report["backends"]}
+    assert by_id["b200-a"]["requests"] == 2 and by_id["b200-a"]["ttft_p50_s"] == pytest.approx(0.3)  # (0.1+0.2)/2/0.5
+    assert by_id["gh200"]["regimes"] == {"compute": 0, "transfer": 1} and by_id["gh200"]["energy_j"] == 1234.0
+    assert by_id["gh200"]["prefix_hit_ratio"] == pytest.approx(0.98)
+    roles = report["placement_by_role"]
+    assert roles["compute-dense"]["high_kappa_share"] == 0 and roles["bandwidth-rich"]["high_kappa_share"] == 1
+    assert roles["compute-dense"]["large_t_share"] == 0.5  # the 30k-token cold prefill
