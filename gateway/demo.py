@@ -32,7 +32,7 @@ from gateway.catalog import CONFIG_DIR, default_catalog
 from gateway.fleet import mock_fleet
 from gateway.processes import answers_ok, free_port, stop_processes
 from gateway.replay import RequestResult, replay
-from gateway.replay_report import percentile
+from sim.report import percentile
 from gateway.settings import Settings, load_settings, parse_settings
 from sim.traces import TraceRequest, load_trace
 from sim.workloads import mooncake_like

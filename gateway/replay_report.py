@@ -11,17 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gateway.replay import ERROR_EXAMPLES, QUEUED_THRESHOLD_S, RequestResult
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0–100) with linear interpolation; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    lo = int(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+from sim.report import percentile
 
 
 def summarize(results: Sequence[RequestResult]) -> dict[str, Any]:
