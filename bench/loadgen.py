@@ -8,10 +8,12 @@ latency is from the first byte written to the end of the response. It imports no
 project's packages.
 
     python bench/loadgen.py '{"port": 8000, "path": "/v1/chat/completions", "bodies_file": "F",
-                             "concurrency": 32, "requests": 2000, "warmup": 64, "max_s": 20}'
+                             "concurrency": 32, "requests": 2000, "warmup": 64, "max_s": 20,
+                             "out_file": "R.json"}'
 
-Prints one JSON object: latencies_s (measured requests, in completion order), elapsed_s,
-completed, errors (non-200 or dropped connections), statuses (count per status code).
+Writes one JSON object to ``out_file``: latencies_s (measured requests, in completion order), elapsed_s,
+completed, warmup (requests before the measurement), errors (non-200 or dropped
+connections), statuses (count per status code).
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ async def run(spec: dict) -> dict:
 
     warm_deadline = time.perf_counter() + spec["max_s"]
     await asyncio.gather(*(worker(c, spec["warmup"], warm_deadline, False) for c in conns))
+    warmed = state["issued"]
     state.update(issued=0, errors=0)
     statuses.clear()
     start = time.perf_counter()
@@ -115,13 +118,15 @@ async def run(spec: dict) -> dict:
     for conn in conns:
         if conn.transport is not None:
             conn.transport.close()
-    return {"latencies_s": latencies, "elapsed_s": elapsed, "completed": len(latencies),
+    return {"latencies_s": latencies, "elapsed_s": elapsed, "completed": len(latencies), "warmup": warmed,
             "errors": state["errors"], "statuses": {str(k): v for k, v in statuses.items()}}
 
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    print(json.dumps(uvloop.run(run(spec))))
+    result = json.dumps(uvloop.run(run(spec)))
+    with open(spec["out_file"], "w", encoding="utf-8") as f:  # a file, not a pipe: results can be MBs
+        f.write(result)
 
 
 if __name__ == "__main__":

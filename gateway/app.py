@@ -41,6 +41,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
             yield {"gateway": state}
 
     app = FastAPI(title="kappa-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.router.routes.extend(openai.proxy_routes)
     app.include_router(openai.router)
     app.include_router(admin.router)
 

@@ -6,6 +6,7 @@ otherwise the embedded in-memory index.
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import time
@@ -74,6 +75,9 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         healthy = sum(s.healthy for s in states)
         log.info("gateway ready: %d/%d backends healthy, policy %s, %s index", healthy, len(states),
                  settings.routing.policy, settings.index.backend)
+        # Everything allocated so far lives as long as the app: keep it out of the cyclic GC's
+        # full collections, which otherwise walk it again and again under load.
+        gc.freeze()
         state.ready = True
         try:
             yield state

@@ -146,6 +146,9 @@ class _Relay:
 
     async def body(self, request: Request, first: bytes) -> bytes:
         """Read a non-streamed body; a client that disconnects first aborts the upstream request."""
+        if self.resp.content.at_eof():  # the whole body came with the first bytes: nothing to wait for
+            return self._body_read(first)
+
         async def rest() -> bytes:
             return first + await self.resp.read() if first else await self.resp.read()
 
@@ -163,6 +166,9 @@ class _Relay:
             raise UpstreamUnavailable(f"backend {self.candidate.backend_id} failed while sending its response: {exc}") from exc
         finally:
             gone.cancel()
+        return self._body_read(body)
+
+    def _body_read(self, body: bytes) -> bytes:
         usage = usage_from_body(body) if self.resp.status < 400 else None
         if usage:
             self.observer.usage = usage

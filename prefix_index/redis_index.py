@@ -13,8 +13,8 @@ model's keys share a slot; ``%``, ``{`` and ``}`` in the model are %-escaped)::
 
 Round trips: ``match`` is one EVALSHA whose Lua script (``redis_lua.py``) runs
 ``base.match_chain``'s two binary searches per backend with ZREVRANK; ``record`` is one
-pipelined round trip of EVALSHA (INCRBY, ZADD, ZREMRANGEBYRANK) plus SADD to the
-registry. Hashes travel as one packed ARGV string, sliced in Lua only where probed.
+EVALSHA (INCRBY, ZADD, ZREMRANGEBYRANK), plus an SADD to the registry when that created
+the blocks key. Hashes travel as one packed ARGV string, sliced in Lua only where probed.
 
 Cluster caveat: the registry key lives in another slot than the model's keys, so
 ``record`` is not atomic across the two and ``forget`` is SMEMBERS then UNLINK/SREM; a
@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, TierCapacity, check_hashes
 from prefix_index.errors import IndexUnavailable
@@ -193,22 +193,16 @@ class RedisPrefixIndex:
         # Blocks past total_blocks would get the lowest scores and be trimmed at once.
         packed = _pack(hashes[: capacity.total_blocks])
         keys = (self._blocks_key(model, backend_id), self._clock_key(model))
-        script = self._record_script
+        registry = self._registry_key(backend_id)
 
-        async def send() -> list[Any]:
-            async with self._client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(keys), *keys, capacity.total_blocks, packed)
-                pipe.sadd(self._registry_key(backend_id), model)
-                return await pipe.execute()
+        async def send() -> None:
+            # One EVALSHA (redis-py loads the script on NoScriptError); the registry SADD only
+            # when the script created the blocks key: a second round trip per new (model, backend).
+            _, existed = await self._record_script(keys=keys, args=[capacity.total_blocks, packed])
+            if not existed:
+                await self._client.sadd(registry, model)
 
-        async def send_loading_script() -> list[Any]:
-            try:
-                return await send()
-            except NoScriptError:  # first use, or Redis restarted / SCRIPT FLUSHed
-                script.sha = await self._client.script_load(script.script)
-                return await send()
-
-        await self._bounded("record", self._timeout_s, send_loading_script)
+        await self._bounded("record", self._timeout_s, send)
 
     async def forget(self, backend_id: str) -> None:
         """Drop every entry of ``backend_id``, for all models (two round trips).

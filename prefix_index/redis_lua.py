@@ -48,7 +48,10 @@ return out
 # KEYS: blocks key, clock key. ARGV: total capacity, packed hashes (at most total).
 # Depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1. ZADD goes in
 # batches of 1000 pairs to stay under Lua's unpack() stack limit (LUAI_MAXCSTACK = 8000).
+# Returns {n, existed}: existed = 0 when this call created the blocks key (the caller then
+# adds the model to the backend's registry set, which lives in another Cluster slot).
 RECORD_LUA = """
+local existed = redis.call('EXISTS', KEYS[1])
 local packed = ARGV[2]
 local n = #packed / 8
 if n > 0 then
@@ -65,5 +68,5 @@ if n > 0 then
   if #args > 0 then redis.call('ZADD', KEYS[1], unpack(args)) end
 end
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[1]) + 1))
-return n
+return {n, existed}
 """

@@ -9,7 +9,8 @@ from fastapi import Depends, Request
 from gateway.state import GatewayState
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hop per request
     return request.state.gateway
 
 

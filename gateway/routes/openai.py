@@ -1,4 +1,9 @@
-"""The OpenAI-compatible routes: chat completions, completions, models."""
+"""The OpenAI-compatible routes: chat completions, completions, models.
+
+The two proxy routes are plain Starlette routes (`proxy_routes`), not FastAPI ones: they
+read the raw body and return a raw response, so FastAPI's dependency solving and
+request/response handling would be pure per-request overhead on the hot path.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import time
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.proxy import proxy
 from gateway.routes.deps import State
@@ -14,14 +20,18 @@ router = APIRouter()
 _CREATED = int(time.time())
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request, gw: State) -> Response:
-    return await proxy(request, "chat", gw)
+async def chat_completions(request: Request) -> Response:
+    return await proxy(request, "chat", request.state.gateway)
 
 
-@router.post("/v1/completions")
-async def completions(request: Request, gw: State) -> Response:
-    return await proxy(request, "completion", gw)
+async def completions(request: Request) -> Response:
+    return await proxy(request, "completion", request.state.gateway)
+
+
+proxy_routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+]
 
 
 @router.get("/v1/models")
