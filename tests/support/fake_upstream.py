@@ -64,7 +64,7 @@ def make_app(script: Script) -> Starlette:
                     if script.mode == "die_mid_stream" and i == 0:
                         raise ConnectionResetError("scripted death mid-stream")
                     if script.chunk_delay_s:
-                        await asyncio.sleep(script.chunk_delay_s)
+                        await asyncio.sleep(script.chunk_delay_s)  # the scripted delay is the behaviour under test
                 yield b"data: [DONE]\n\n"
             except asyncio.CancelledError:
                 script.cancelled.set()
