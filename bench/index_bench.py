@@ -26,7 +26,6 @@ import math
 import random
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import redis.asyncio as aredis
 from rich.console import Console
 from rich.table import Table
 
+from gateway.processes import free_port, stop_processes
 from prefix_index import (
     BYTES_PER_TOKEN_ESTIMATE,
     DEFAULT_BLOCK_SIZE_TOKENS,
@@ -166,12 +166,6 @@ async def delete_keys(redis_url: str, prefix: str) -> None:
         await client.aclose()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def local_redis() -> Iterator[str]:
     """Start ``redis-server`` on a free loopback port without persistence; yield its URL."""
@@ -200,12 +194,7 @@ def local_redis() -> Iterator[str]:
             client.close()
             yield f"redis://127.0.0.1:{port}/0"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_processes([proc], timeout_s=5)
 
 
 def print_table(results: list[dict[str, Any]], header: str) -> None:

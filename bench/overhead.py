@@ -41,7 +41,6 @@ import os
 import random
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,8 @@ from overhead_report import (
     summary,
 )
 from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.processes import free_port, stop_processes
 
 from gateway.catalog import default_catalog
 from gateway.settings import parse_settings
@@ -117,15 +118,8 @@ class Processes:
         return proc
 
     def stop(self) -> None:
-        for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
+        stop_processes(proc for _, proc, _ in reversed(self.procs))
         for _, proc, log in reversed(self.procs):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
             log.close()
@@ -139,12 +133,6 @@ def _json_line(proc: subprocess.Popen) -> dict:
     if not line:
         raise RuntimeError(f"process {proc.pid} exited before reporting its port")
     return json.loads(line)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
