@@ -215,7 +215,7 @@ def sim_cmd(
                                         help="fleet config YAML, e.g. config/fleets/heterogeneous.yaml")],
     trace: Annotated[Path | None, typer.Option("--trace", exists=True, dir_okay=False,
                                                help="Mooncake .jsonl or Azure .csv trace")] = None,
-    workload: Annotated[str | None, typer.Option("--workload", help="a generated workload instead of --trace: mooncake-like")] = None,
+    workload: Annotated[str | None, typer.Option("--workload", help="a named workload instead of --trace (sim.workloads.WORKLOADS): mooncake, mooncake-like, azure-conv, azure-code, chat, chat-sliding-window, document-qa, agentic-coding")] = None,
     policies: Annotated[str, typer.Option("--policies", help="comma-separated policies to compare")] = "kappa,round-robin,least-loaded,prefix-affinity,weighted",
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the first N requests (a workload: N requests)")] = None,
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="arrivals this many times as frequent, > 0")] = 1.0,

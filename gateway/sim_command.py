@@ -9,7 +9,6 @@ the fleet file is parsed and validated by `gateway.settings` (the same schema an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +18,14 @@ from rich.table import Table
 from gateway.catalog import default_catalog
 from gateway.settings import load_settings
 from sim.fleet import fleet_from_config
+from sim.lower_bound import lower_bound_ratios, lower_bound_summary, lower_bound_ttfts
 from sim.report import DEFAULT_TTFT_SLO_S, policy_report
 from sim.runner import run_policies, scale_rate
 from sim.traces import TraceRequest, load_trace
-from sim.workloads import mooncake_like
+from sim.workloads import build_workload
 
-MOONCAKE_RATE_RPS = 3.4
-"""The Mooncake conversation trace's mean arrival rate (12,031 requests in 3,537 s)."""
 DEFAULT_WORKLOAD_REQUESTS = 12_031
-"""Requests a generated workload has without ``--limit``: as many as the Mooncake trace."""
-
-# name -> (requests, seed) -> trace at rate scale 1. Longest context 126k tokens (the trace's).
-WORKLOADS: dict[str, Callable[[int, int], list[TraceRequest]]] = {
-    "mooncake-like": lambda n, seed: mooncake_like(n, rate_rps=MOONCAKE_RATE_RPS, seed=seed),
-}
+"""Requests a workload has without ``--limit``: as many as the Mooncake trace."""
 
 
 def load_requests(trace: Path | None, workload: str | None, limit: int | None, seed: int) -> list[TraceRequest]:
@@ -46,9 +39,10 @@ def load_requests(trace: Path | None, workload: str | None, limit: int | None, s
         raise ValueError("give exactly one of a trace file and a workload name")
     if trace is not None:
         return load_trace(trace, limit=limit)
-    if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
-    return WORKLOADS[workload](DEFAULT_WORKLOAD_REQUESTS if limit is None else limit, seed)
+    try:
+        return build_workload(workload, DEFAULT_WORKLOAD_REQUESTS if limit is None else limit, seed)
+    except FileNotFoundError as exc:  # a real-trace workload on a machine without shared/data
+        raise ValueError(str(exc)) from exc
 
 
 def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: list[str], limit: int | None,
@@ -58,7 +52,7 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
 
     Args:
         trace: a Mooncake JSONL or Azure CSV trace (ShareGPT chats are not simulated).
-        workload: a generated workload name (`WORKLOADS`), instead of ``trace``.
+        workload: a workload name (`sim.workloads.WORKLOADS`), instead of ``trace``.
         fleet: a gateway config file (``config/fleets/*.yaml``); requests ask for its first model.
         policies: policy names; the config's ``routing.params`` apply to its own policy.
         limit: only the first ``limit`` requests (a workload: that many), None = all.
@@ -68,8 +62,9 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
         workers: processes for the runs (None: one per policy, up to the CPUs).
 
     Returns:
-        ``{"policies": {name: sim.report.policy_report(...)}, "run": {trace or workload,
-        fleet, requests, rate_scale, seed, ttft_slo_s, wall_s}}``.
+        ``{"policies": {name: sim.report.policy_report(...) plus the
+        sim.lower_bound.lower_bound_ratios(...) keys}, "run": {trace or workload, fleet,
+        requests, rate_scale, seed, ttft_slo_s, "lower_bound": {"ttft_p50_s", ...}, wall_s}}``.
 
     Raises:
         gateway.errors.ConfigError: the fleet file is invalid (the message names the key).
@@ -81,11 +76,14 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
     requests = scale_rate(load_requests(trace, workload, limit, seed), rate_scale)
     params = {settings.routing.policy: settings.routing.params}
     results = run_policies(requests, sim_fleet, policies, seed=seed, params=params, workers=workers)
+    model = sim_fleet.served_models()[0]
+    bounds = lower_bound_ttfts(requests, [b for b in sim_fleet.backends if b.model == model])
     return {
-        "policies": {name: policy_report(result, ttft_slo_s=ttft_slo_s) for name, result in results.items()},
+        "policies": {name: policy_report(result, ttft_slo_s=ttft_slo_s) | lower_bound_ratios(result, bounds)
+                     for name, result in results.items()},
         "run": {"trace": str(trace) if trace else None, "workload": workload, "fleet": str(fleet),
                 "requests": len(requests), "rate_scale": rate_scale, "seed": seed, "ttft_slo_s": ttft_slo_s,
-                "wall_s": round(time.perf_counter() - started, 1)},
+                "lower_bound": lower_bound_summary(bounds), "wall_s": round(time.perf_counter() - started, 1)},
     }
 
 

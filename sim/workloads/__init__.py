@@ -1,0 +1,111 @@
+"""Workloads for the simulator, by name: real traces and generators, as `sim.traces.TraceRequest` lists.
+
+Every workload is a function ``(n, seed) -> list[TraceRequest]`` at its own rate (scale it
+with `sim.runner.scale_rate`), registered in `WORKLOADS` under the name
+``kappa-gateway sim --workload NAME`` takes:
+
+==========================  ======================================================  =========
+name                        what                                                    prefixes
+==========================  ======================================================  =========
+``mooncake``                the real Mooncake conversation trace (first n records)   real
+``mooncake-like``           `mooncake_like`: its statistics, generated              chat-like
+``azure-conv``, ``azure-code``  the real Azure LLM inference 2023 traces: real       none
+                            lengths and arrivals (Splitwise, ISCA'24, CC-BY 4.0)
+``chat``                    `multi_turn_chat`: shared system prompt, whole history  growing
+``chat-sliding-window``     the same chats truncated to a 4,096-token window         collapse
+``document-qa``             `document_qa`: 12 long documents, short questions       κ ~ 10³
+``agentic-coding``          `agentic_coding`: append-only growing contexts          κ ~ 10
+==========================  ======================================================  =========
+
+The real traces are read from ``shared/data/traces`` beside the repository
+(`SHARED_DATA_DIR`; ../shared/data/traces/README.md has their sources and licences); where it
+is absent they raise `FileNotFoundError` with the path. Generated rates at scale 1 are
+`RATES_RPS`, chosen so scale 1 loads the heterogeneous fleet moderately (below its knee).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.traces import TraceRequest, load_azure, load_mooncake
+from sim.workloads.agentic import agentic_coding
+from sim.workloads.chat import DEFAULT_WINDOW_TOKENS, multi_turn_chat
+from sim.workloads.document_qa import document_qa
+from sim.workloads.mooncake_like import mooncake_like
+from sim.workloads.sessions import shareable_prefix_tokens
+
+__all__ = ["WORKLOADS", "RATES_RPS", "SHARED_DATA_DIR", "Workload", "agentic_coding", "build_workload",
+           "document_qa", "mooncake_like", "multi_turn_chat", "shareable_prefix_tokens"]
+
+SHARED_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
+"""``../shared/data`` beside the repository (where the real traces live on this project's machines)."""
+MOONCAKE_TRACE = Path("traces/mooncake/conversation_trace.jsonl")
+AZURE_TRACES = {"azure-conv": Path("traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+                "azure-code": Path("traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv")}
+
+RATES_RPS = {
+    "mooncake-like": 3.4,  # the Mooncake conversation trace's mean rate (12,031 requests in 3,537 s)
+    "chat": 4.0,
+    "chat-sliding-window": 4.0,  # the same conversations as "chat"
+    "document-qa": 2.0,
+    "agentic-coding": 2.0,
+}
+"""Mean arrival rate of each generated workload at rate scale 1, requests/s."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A named workload: ``build(n, seed)`` gives its first ``n`` requests (a real trace ignores the seed)."""
+
+    name: str
+    build: Callable[[int, int], list[TraceRequest]]
+    real: bool
+    description: str
+
+
+def _data_file(relative: Path) -> Path:
+    path = SHARED_DATA_DIR / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"real trace not found at {path} (shared/data beside the repository)")
+    return path
+
+
+def _registry() -> dict[str, Workload]:
+    out = {"mooncake": Workload("mooncake", lambda n, seed: load_mooncake(_data_file(MOONCAKE_TRACE), limit=n),
+                                True, "the real Mooncake conversation trace")}
+    for name, relative in AZURE_TRACES.items():
+        out[name] = Workload(name, lambda n, seed, rel=relative: load_azure(_data_file(rel), limit=n), True,
+                             f"the real Azure LLM inference 2023 trace ({name.removeprefix('azure-')}), no prefixes")
+    generated = {
+        "mooncake-like": (lambda n, seed: mooncake_like(n, rate_rps=RATES_RPS["mooncake-like"], seed=seed),
+                          "Mooncake-like conversations"),
+        "chat": (lambda n, seed: multi_turn_chat(n, rate_rps=RATES_RPS["chat"], seed=seed),
+                 "multi-turn chat, whole history"),
+        "chat-sliding-window": (lambda n, seed: multi_turn_chat(n, rate_rps=RATES_RPS["chat-sliding-window"],
+                                                                seed=seed, window_tokens=DEFAULT_WINDOW_TOKENS),
+                                f"multi-turn chat truncated to a {DEFAULT_WINDOW_TOKENS}-token window"),
+        "document-qa": (lambda n, seed: document_qa(n, rate_rps=RATES_RPS["document-qa"], seed=seed),
+                        "short questions on a few long documents"),
+        "agentic-coding": (lambda n, seed: agentic_coding(n, rate_rps=RATES_RPS["agentic-coding"], seed=seed),
+                           "coding-agent sessions, append-only contexts"),
+    }
+    for name, (build, description) in generated.items():
+        out[name] = Workload(name, build, False, description)
+    return out
+
+
+WORKLOADS: dict[str, Workload] = _registry()
+
+
+def build_workload(name: str, n: int, seed: int = 0) -> list[TraceRequest]:
+    """The first ``n`` requests of workload ``name`` at rate scale 1.
+
+    Raises:
+        ValueError: an unknown name.
+        FileNotFoundError: a real trace's file is absent.
+    """
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+    return WORKLOADS[name].build(n, seed)
