@@ -1,0 +1,273 @@
+"""Routing quality: κ routing against the anchors' policies, by workload, fleet and load (issue 5).
+
+For each workload (`sim.workloads.WORKLOADS`: the real Mooncake trace's first requests when
+``../shared/data`` exists, the real Azure conversation trace, document QA, agentic coding,
+multi-turn chat whole and under a sliding window), each fleet (config/fleets/*.yaml) and
+each load (rate scales up to past the knee, per workload in `PLAN`), every policy runs in
+the simulator (`sim.runner.run_jobs`: forked workers, one prepared trace per workload).
+Each run is summarised by `sim.report.policy_report` (goodput at `sim.report.DEFAULT_TTFT_SLO_S`)
+and compared with the TTFT lower bound (`sim.lower_bound`).
+
+Writes ``bench/results/routing_quality.json`` (every figure of every run, the command, the
+git commit), prints markdown tables (the ones BENCHMARKS.md shows; ``--markdown FILE``
+also writes them to a file) and PNG plots under ``bench/results/``: TTFT CDF per policy,
+p90 TTFT against load, energy per request against load.
+
+Usage::
+
+    python bench/routing_quality.py            # the full sweep (about 10 minutes on 2 cores)
+    python bench/routing_quality.py --quick    # a smoke run: fewer requests, no plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from gateway.catalog import CONFIG_DIR, default_catalog  # noqa: E402
+from gateway.settings import load_settings  # noqa: E402
+from router.policies import POLICY_NAMES  # noqa: E402
+from sim.fleet import Fleet, fleet_from_config  # noqa: E402
+from sim.lower_bound import lower_bound_ratios, lower_bound_summary, lower_bound_ttfts  # noqa: E402
+from sim.report import DEFAULT_TTFT_SLO_S, policy_report  # noqa: E402
+from sim.runner import SimJob, run_jobs  # noqa: E402
+from sim.workloads import WORKLOADS, build_workload  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+FLEETS = ("heterogeneous", "homogeneous")
+POLICIES = ("kappa", "round-robin", "least-loaded", "prefix-affinity", "weighted")
+ANCHORS = tuple(p for p in POLICIES if p != "kappa")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One workload's sweep: requests (full and ``--quick``) and rate scales, lowest first."""
+
+    requests: int
+    quick_requests: int
+    rate_scales: tuple[float, ...]
+
+
+# Requests per workload are sized so every run takes a few seconds (the per-request cost grows
+# with the prompt's blocks: document QA's 66k-token prompts cost ~10x a chat turn's); rate
+# scales go from a light load to past the knee of the heterogeneous fleet (measured with
+# kappa and least-loaded before fixing them).
+PLAN: dict[str, Plan] = {
+    "mooncake": Plan(700, 150, (0.5, 1.0, 2.0)),
+    "azure-conv": Plan(1200, 200, (1.0, 8.0, 16.0)),
+    "document-qa": Plan(400, 100, (0.25, 0.5, 1.0)),
+    "agentic-coding": Plan(400, 100, (0.25, 0.5, 1.0)),
+    "chat": Plan(1000, 200, (1.0, 4.0, 8.0)),
+    "chat-sliding-window": Plan(1000, 200, (1.0, 4.0, 8.0)),
+}
+
+
+def load_fleets() -> dict[str, Fleet]:
+    catalog = default_catalog()
+    return {name: fleet_from_config(load_settings(CONFIG_DIR / "fleets" / f"{name}.yaml", catalog, env={}).model_dump(),
+                                    catalog) for name in FLEETS}
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip() + (" (uncommitted changes in the tree)" if dirty else "")
+
+
+def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bool, seed: int,
+                   workers: int | None) -> list[dict[str, Any]]:
+    """Every fleet × load × policy run of one workload, as JSON-ready rows."""
+    n = plan.quick_requests if quick else plan.requests
+    requests = build_workload(name, n, seed)
+    span_s = requests[-1].arrival_s - requests[0].arrival_s if len(requests) > 1 else 0.0
+    base_rps = (len(requests) - 1) / span_s if span_s > 0 else None
+    jobs = [SimJob(fleet, policy, scale) for fleet in fleets for scale in plan.rate_scales for policy in POLICIES]
+    results = run_jobs(requests, fleets, jobs, seed=seed, workers=workers)
+    bounds = {f: lower_bound_ttfts(requests, fleets[f].backends) for f in fleets}
+    rows: dict[tuple[str, float], dict[str, Any]] = {}
+    for job, result in zip(jobs, results, strict=True):
+        row = rows.setdefault((job.fleet, job.rate_scale), {
+            "workload": name, "fleet": job.fleet, "rate_scale": job.rate_scale,
+            "rate_rps": base_rps * job.rate_scale if base_rps else None, "requests": len(requests),
+            "lower_bound": lower_bound_summary(bounds[job.fleet]), "policies": {}})
+        report = policy_report(result) | lower_bound_ratios(result, bounds[job.fleet])
+        report["ttfts_s"] = [round(r.first_token_s - r.arrival_s, 6) for r in result.records
+                             if r.first_token_s is not None]
+        row["policies"][job.policy] = report
+    return list(rows.values())
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def markdown(runs: Sequence[dict[str, Any]]) -> str:
+    """The summary table (κ against the best anchor) and one full table per workload × fleet."""
+    lines = ["### κ routing against the best anchor policy (TTFT, seconds; LB = lower bound)", "",
+             "| workload | fleet | load (req/s) | LB p50 / p90 | kappa p50 / p90 | best anchor by p90 | "
+             "its p50 / p90 | kappa p90 ÷ anchor p90 | kappa p50÷LB / p90÷LB | anchor p50÷LB / p90÷LB |",
+             "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | --- |"]
+    for run in runs:
+        pol, lb = run["policies"], run["lower_bound"]
+        best = min(ANCHORS, key=lambda a: pol[a]["ttft_p90_s"] if pol[a]["ttft_p90_s"] is not None else float("inf"))
+        k, a = pol["kappa"], pol[best]
+        lines.append(
+            f"| {run['workload']} | {run['fleet']} | ×{run['rate_scale']:g} ({_f(run['rate_rps'], '.2f')}) | "
+            f"{_f(lb['ttft_p50_s'], '.3f')} / {_f(lb['ttft_p90_s'], '.3f')} | "
+            f"{_f(k['ttft_p50_s'], '.3f')} / {_f(k['ttft_p90_s'], '.3f')} | {best} | "
+            f"{_f(a['ttft_p50_s'], '.3f')} / {_f(a['ttft_p90_s'], '.3f')} | "
+            f"{_f(k['ttft_p90_s'] / a['ttft_p90_s'] if a['ttft_p90_s'] else None, '.2f')} | "
+            f"{_f(k['ttft_p50_lower_bound_ratio'], '.1f')} / {_f(k['ttft_p90_lower_bound_ratio'], '.1f')} | "
+            f"{_f(a['ttft_p50_lower_bound_ratio'], '.1f')} / {_f(a['ttft_p90_lower_bound_ratio'], '.1f')} |")
+    header = ("| load | policy | TTFT p50 | p90 | p99 | E2E p50 | req/s | goodput | hit | host hit | J/req | "
+              "compute / transfer | ÷LB p50 | ÷LB p90 | ÷LB mean |")
+    by_pair: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        by_pair.setdefault((run["workload"], run["fleet"]), []).append(run)
+    for (workload, fleet), group in by_pair.items():
+        lb = group[0]["lower_bound"]
+        lines += ["", f"#### {workload} on {fleet} ({group[0]['requests']} requests; lower bound p50 "
+                      f"{_f(lb['ttft_p50_s'], '.3f')} s, p90 {_f(lb['ttft_p90_s'], '.3f')} s)", "", header,
+                  "| --- | --- |" + " ---: |" * 13]
+        for run in group:
+            for name, p in run["policies"].items():
+                reg = p["regime_share"]
+                lines.append(
+                    f"| ×{run['rate_scale']:g} | {name} | {_f(p['ttft_p50_s'], '.3f')} | {_f(p['ttft_p90_s'], '.3f')} | "
+                    f"{_f(p['ttft_p99_s'], '.3f')} | {_f(p['e2e_p50_s'], '.2f')} | {_f(p['throughput_rps'], '.2f')} | "
+                    f"{_f(p['goodput_rps'], '.2f')} | {_f(p['prefix_hit_ratio'], '.0%')} | "
+                    f"{_f(p['host_hit_ratio'], '.0%')} | {_f(p['energy_per_request_j'], ',.0f')} | "
+                    f"{_f(reg['compute'], '.0%')} / {_f(reg['transfer'], '.0%')} | "
+                    f"{_f(p['ttft_p50_lower_bound_ratio'], '.1f')} | {_f(p['ttft_p90_lower_bound_ratio'], '.1f')} | "
+                    f"{_f(p['ttft_mean_lower_bound_ratio'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Three PNGs: TTFT CDFs at each pair's middle load, p90 TTFT against load, energy per request against load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        pairs.setdefault((run["workload"], run["fleet"]), []).append(run)
+    workloads = list(dict.fromkeys(w for w, _ in pairs))
+    fleets = list(dict.fromkeys(f for _, f in pairs))
+    paths = []
+
+    def grid(title: str):
+        fig, axes = plt.subplots(len(workloads), len(fleets), figsize=(5.5 * len(fleets), 3.2 * len(workloads)),
+                                 squeeze=False)
+        fig.suptitle(title)
+        return fig, axes
+
+    fig, axes = grid("TTFT CDF per policy (middle load of each sweep)")
+    for (w, f), group in pairs.items():
+        ax = axes[workloads.index(w)][fleets.index(f)]
+        run = group[len(group) // 2]
+        for name, p in run["policies"].items():
+            ttfts = sorted(p["ttfts_s"])
+            if ttfts:
+                ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=name)
+        ax.set_xscale("log")
+        ax.set_title(f"{w} / {f} ×{run['rate_scale']:g}", fontsize=9)
+        ax.set_xlabel("TTFT (s)")
+        ax.set_ylabel("share of requests")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "routing_quality_ttft_cdf.png")
+    fig.savefig(paths[-1], dpi=80)
+    plt.close(fig)
+
+    for key, label, fname in (("ttft_p90_s", "p90 TTFT (s)", "routing_quality_p90_vs_load.png"),
+                              ("energy_per_request_j", "energy per request (J)", "routing_quality_energy.png")):
+        fig, axes = grid(f"{label} against load")
+        for (w, f), group in pairs.items():
+            ax = axes[workloads.index(w)][fleets.index(f)]
+            for name in POLICIES:
+                xs = [run["rate_rps"] or run["rate_scale"] for run in group]
+                ys = [run["policies"][name][key] for run in group]
+                ax.plot(xs, ys, marker="o", label=name)
+            if key == "ttft_p90_s":
+                ax.set_yscale("log")
+            ax.set_title(f"{w} / {f}", fontsize=9)
+            ax.set_xlabel("arrival rate (req/s)")
+            ax.set_ylabel(label)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(out_dir / fname)
+        fig.savefig(paths[-1], dpi=80)
+        plt.close(fig)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few requests per workload, no plots")
+    parser.add_argument("--workloads", default=",".join(PLAN), help="comma-separated subset of " + ", ".join(PLAN))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: one per CPU)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/routing_quality"
+                                                                "[_quick].json)")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the tables to this file")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in names if w not in PLAN]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; known: {', '.join(PLAN)}")
+    assert set(POLICIES) <= set(POLICY_NAMES)
+    started = time.perf_counter()
+    fleets = load_fleets()
+    runs: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            runs += sweep_workload(name, PLAN[name], fleets, quick=args.quick, seed=args.seed, workers=args.workers)
+        except FileNotFoundError as exc:  # a real trace absent on this machine
+            skipped[name] = str(exc)
+            print(f"skipping {name}: {exc}", file=sys.stderr)
+            continue
+        print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    wall_s = time.perf_counter() - started
+    command = "python bench/routing_quality.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    doc = {"meta": {"command": command.strip(), "commit": git_commit(), "seed": args.seed,
+                    "ttft_slo_s": DEFAULT_TTFT_SLO_S, "policies": list(POLICIES), "fleets": list(fleets),
+                    "plan": {w: vars(PLAN[w]) for w in names}, "quick": args.quick, "skipped": skipped,
+                    "wall_s": round(wall_s, 1),
+                    "workloads": {w: WORKLOADS[w].description for w in names}},
+           "runs": runs}
+    out = args.out or RESULTS / ("routing_quality_quick.json" if args.quick else "routing_quality.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    tables = markdown(runs)
+    print(tables)
+    if args.markdown:
+        args.markdown.write_text(tables)
+    if not (args.quick or args.no_plots) and runs:
+        for path in plot(runs, out.parent):
+            print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}", file=sys.stderr)
+    print(f"wrote {out}; {wall_s:.0f} s in all", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
