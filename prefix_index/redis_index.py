@@ -11,10 +11,12 @@ model's keys share a slot; ``%``, ``{`` and ``}`` in the model are %-escaped)::
     P:{M}:clock                  INT   the model's logical clock (INCRBY n per record)
     P:backend-models:<backend>   SET   models with a blocks key for the backend (forget/stats)
 
-Round trips: ``match`` is one EVALSHA whose Lua script (``redis_lua.py``) runs
-``base.match_chain``'s two binary searches per backend with ZREVRANK; ``record`` is one
-EVALSHA (INCRBY, ZADD, ZREMRANGEBYRANK), plus an SADD to the registry when that created
-the blocks key. Hashes travel as one packed ARGV string, sliced in Lua only where probed.
+Round trips: every ``match`` and ``record`` issued for a model during one event-loop turn
+goes out as one EVALSHA (``redis_batch.Coalescer``; ``redis_lua.BATCH_LUA`` runs the
+records — INCRBY, ZADD, ZREMRANGEBYRANK — then the matches, ``base.match_chain``'s two
+binary searches per backend with ZREVRANK), plus an SADD to the registry when a record
+created a blocks key. A lone call is a batch of one, sent in the same turn. Hashes travel
+as packed ARGV strings, sliced in Lua only where probed.
 
 Cluster caveat: the registry key lives in another slot than the model's keys, so
 ``record`` is not atomic across the two and ``forget`` is SMEMBERS then UNLINK/SREM; a
@@ -38,7 +40,7 @@ from redis.exceptions import RedisError
 
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, TierCapacity, check_hashes
 from prefix_index.errors import IndexUnavailable
-from prefix_index.redis_lua import MATCH_LUA, RECORD_LUA
+from prefix_index.redis_batch import Coalescer
 
 __all__ = [
     "DEFAULT_ADMIN_TIMEOUT_S",
@@ -100,8 +102,7 @@ class RedisPrefixIndex:
         self._timeout_s = timeout_s
         self._admin_timeout_s = admin_timeout_s
         self._owns_client = owns_client
-        self._match_script = client.register_script(MATCH_LUA)
-        self._record_script = client.register_script(RECORD_LUA)
+        self._coalescer = Coalescer(client, timeout_s, self._register)
 
     @classmethod
     def from_url(
@@ -159,23 +160,17 @@ class RedisPrefixIndex:
         check_hashes(hashes)
         if not hashes or not capacities:
             return {backend_id: NO_MATCH for backend_id in capacities}
-        keys = [self._blocks_key(model, backend_id) for backend_id in capacities]
-        args: list[Any] = []
-        for capacity in capacities.values():
-            args += (capacity.hbm_blocks, capacity.host_blocks)
-        args.append(_pack(hashes))
-        flat = await self._bounded(
-            "match", self._timeout_s, lambda: self._match_script(keys=keys, args=args)
-        )
-        return {
-            backend_id: BlockMatch(*flat[3 * i : 3 * i + 3])
-            for i, backend_id in enumerate(capacities)
-        }
+        keys = {backend_id: self._blocks_key(model, backend_id) for backend_id in capacities}
+        future = self._coalescer.match(self._clock_key(model), keys, _pack(hashes), capacities)
+        return await self._await("match", future)
 
     async def record(
         self, model: str, backend_id: str, hashes: Sequence[int], capacity: TierCapacity
     ) -> None:
-        """Touch the chain on ``backend_id`` and trim to capacity, in one round trip.
+        """Touch the chain on ``backend_id`` and trim to capacity.
+
+        Coalesced with the other calls of this loop turn into one EVALSHA; an SADD to the
+        backend's registry follows when the record created the blocks key.
 
         Args:
             model: served model name.
@@ -192,17 +187,9 @@ class RedisPrefixIndex:
             return
         # Blocks past total_blocks would get the lowest scores and be trimmed at once.
         packed = _pack(hashes[: capacity.total_blocks])
-        keys = (self._blocks_key(model, backend_id), self._clock_key(model))
-        registry = self._registry_key(backend_id)
-
-        async def send() -> None:
-            # One EVALSHA (redis-py loads the script on NoScriptError); the registry SADD only
-            # when the script created the blocks key: a second round trip per new (model, backend).
-            _, existed = await self._record_script(keys=keys, args=[capacity.total_blocks, packed])
-            if not existed:
-                await self._client.sadd(registry, model)
-
-        await self._bounded("record", self._timeout_s, send)
+        future = self._coalescer.record(self._clock_key(model), self._blocks_key(model, backend_id), packed, capacity,
+                                        (self._registry_key(backend_id), model))
+        await self._await("record", future)
 
     async def forget(self, backend_id: str) -> None:
         """Drop every entry of ``backend_id``, for all models (two round trips).
@@ -267,9 +254,24 @@ class RedisPrefixIndex:
         return await self._bounded("stats", self._admin_timeout_s, run)
 
     async def aclose(self) -> None:
-        """Close the client if this index owns it (``from_url``); else do nothing."""
+        """Let the batches in flight finish, then close the client if this index owns it
+        (``from_url``)."""
+        await self._coalescer.aclose()
         if self._owns_client:
             await self._client.aclose()
+
+    async def _await(self, what: str, future: asyncio.Future) -> Any:
+        """A queued call's result, under the call's own deadline too (the batch has one)."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await future
+        except TimeoutError as exc:
+            raise IndexUnavailable(f"redis {what} took longer than {self._timeout_s} s") from exc
+
+    async def _register(self, registry_key: str, model: str) -> None:
+        """Add a model whose blocks key a record created to its backend's registry set
+        (forget and stats find the key there)."""
+        await self._client.sadd(registry_key, model)
 
     async def _bounded(self, what: str, timeout_s: float, op: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``op`` under a deadline; translate timeouts and Redis errors, once."""

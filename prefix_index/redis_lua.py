@@ -1,24 +1,58 @@
-"""Lua scripts run server-side by ``redis_index.RedisPrefixIndex``.
+"""The Lua script run server-side by ``redis_index.RedisPrefixIndex``.
 
-This module owns the two scripts that make ``match`` and ``record`` one round trip each
-(Redis docs, "Scripting with Lua"; Redis runs Lua 5.1, where numbers are doubles, exact
-for the logical clock's integers up to 2**53). Hashes arrive as one ARGV string of 8-byte
-big-endian words; block ``d`` (0-based) is ``string.sub(packed, 8*d + 1, 8*d + 8)``.
-Both scripts touch only keys passed in KEYS, all with the same model hash tag, so they
-run unchanged on Redis Cluster.
+One script, ``BATCH_LUA``, runs a batch of records and then a batch of matches, so that
+every ``record`` and ``match`` issued in one event-loop turn for one model costs one
+EVALSHA together (Redis docs, "Scripting with Lua"; Redis runs Lua 5.1, where numbers
+are doubles, exact for the logical clock's integers up to 2**53). Hashes arrive as ARGV
+strings of 8-byte big-endian words; block ``d`` (0-based) is
+``string.sub(packed, 8*d + 1, 8*d + 8)``. The script touches only keys passed in KEYS,
+all with the same model hash tag, so it runs unchanged on Redis Cluster.
 """
 
 from __future__ import annotations
 
-__all__ = ["MATCH_LUA", "RECORD_LUA"]
+__all__ = ["BATCH_LUA"]
 
-# KEYS: one blocks key per backend. ARGV: hbm_1, host_1, ..., hbm_B, host_B, packed hashes.
-# Returns matched, hbm, host per backend. Port of base.match_chain.
-MATCH_LUA = """
-local nb = #KEYS
-local packed = ARGV[2 * nb + 1]
-local n = #packed / 8
-local key
+# KEYS[1]: the model's clock key; KEYS[2..]: blocks keys (one per backend in the batch).
+# ARGV: n_records, n_matches, then per record: key index, total capacity, packed hashes
+# (at most total); then per match: nb, nb x (key index, hbm, host), packed hashes.
+# Returns, flat: per record `existed` (0 when this record created the blocks key, so the
+# caller adds the model to the backend's registry set, which lives in another Cluster
+# slot); then per match and per backend: matched, hbm, host.
+#
+# Record: depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1;
+# ZADD goes in batches of 1000 pairs to stay under Lua's unpack() stack limit
+# (LUAI_MAXCSTACK = 8000); then trim to the total capacity by rank.
+# Match: a line-by-line port of base.match_chain's two binary searches, with ZREVRANK.
+BATCH_LUA = """
+local clock = KEYS[1]
+local n_records = tonumber(ARGV[1])
+local n_matches = tonumber(ARGV[2])
+local a = 3
+local out = {}
+for r = 1, n_records do
+  local key = KEYS[tonumber(ARGV[a])]
+  local total = tonumber(ARGV[a + 1])
+  local packed = ARGV[a + 2]
+  a = a + 3
+  out[#out + 1] = redis.call('EXISTS', key)
+  local n = #packed / 8
+  if n > 0 then
+    local top = redis.call('INCRBY', clock, n)
+    local args = {}
+    for d = 0, n - 1 do
+      args[#args + 1] = top - d
+      args[#args + 1] = string.sub(packed, 8 * d + 1, 8 * d + 8)
+      if #args >= 2000 then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+  end
+  redis.call('ZREMRANGEBYRANK', key, 0, -(total + 1))
+end
+local key, packed
 local function search(hi, limit)
   local lo = 0
   while lo < hi do
@@ -28,45 +62,24 @@ local function search(hi, limit)
   end
   return lo
 end
-local out = {}
-for b = 1, nb do
-  key = KEYS[b]
-  local hbm = tonumber(ARGV[2 * b - 1])
-  local total = hbm + tonumber(ARGV[2 * b])
-  local matched, in_hbm = 0, 0
-  if redis.call('EXISTS', key) == 1 then
-    matched = search(math.min(n, total), total)
-    in_hbm = search(math.min(matched, hbm), hbm)
+for m = 1, n_matches do
+  local nb = tonumber(ARGV[a])
+  packed = ARGV[a + 1 + 3 * nb]
+  local n = #packed / 8
+  for b = 0, nb - 1 do
+    key = KEYS[tonumber(ARGV[a + 1 + 3 * b])]
+    local hbm = tonumber(ARGV[a + 2 + 3 * b])
+    local total = hbm + tonumber(ARGV[a + 3 + 3 * b])
+    local matched, in_hbm = 0, 0
+    if redis.call('EXISTS', key) == 1 then
+      matched = search(math.min(n, total), total)
+      in_hbm = search(math.min(matched, hbm), hbm)
+    end
+    out[#out + 1] = matched
+    out[#out + 1] = in_hbm
+    out[#out + 1] = matched - in_hbm
   end
-  out[3 * b - 2] = matched
-  out[3 * b - 1] = in_hbm
-  out[3 * b] = matched - in_hbm
+  a = a + 2 + 3 * nb
 end
 return out
-"""
-
-# KEYS: blocks key, clock key. ARGV: total capacity, packed hashes (at most total).
-# Depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1. ZADD goes in
-# batches of 1000 pairs to stay under Lua's unpack() stack limit (LUAI_MAXCSTACK = 8000).
-# Returns {n, existed}: existed = 0 when this call created the blocks key (the caller then
-# adds the model to the backend's registry set, which lives in another Cluster slot).
-RECORD_LUA = """
-local existed = redis.call('EXISTS', KEYS[1])
-local packed = ARGV[2]
-local n = #packed / 8
-if n > 0 then
-  local top = redis.call('INCRBY', KEYS[2], n)
-  local args = {}
-  for d = 0, n - 1 do
-    args[#args + 1] = top - d
-    args[#args + 1] = string.sub(packed, 8 * d + 1, 8 * d + 8)
-    if #args >= 2000 then
-      redis.call('ZADD', KEYS[1], unpack(args))
-      args = {}
-    end
-  end
-  if #args > 0 then redis.call('ZADD', KEYS[1], unpack(args)) end
-end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[1]) + 1))
-return {n, existed}
 """

@@ -371,3 +371,39 @@ async def test_redis_reloads_its_scripts_after_a_flush(redis_url: str, key_prefi
             await client.delete(*keys)
         await client.aclose()
         await index.aclose()
+
+
+@pytest.mark.redis
+async def test_redis_calls_of_one_loop_turn_go_out_as_one_batch(redis_url: str, key_prefix: str) -> None:
+    index = RedisPrefixIndex.from_url(redis_url, key_prefix=key_prefix, timeout_s=CONTRACT_TIMEOUT_S)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        a, b = chain(labels("a", 6)), chain(labels("b", 3))
+        tight = TierCapacity(hbm_blocks=2, host_blocks=2)
+        coalescer = index._coalescer
+        sent = coalescer.batches_sent
+        # Queued in one turn: two records (b1 over a tight capacity), then matches that
+        # must see them (records run first in the batch), plus another model's match.
+        results = await asyncio.gather(
+            index.record("m1", "b1", a, tight),
+            index.record("m1", "b2", b, ROOMY),
+            index.match("m1", a, {"b1": tight, "b2": ROOMY}),
+            index.match("m1", b, {"b1": tight, "b2": ROOMY}),
+            index.match("m2", a, {"b1": ROOMY}),
+        )
+        assert coalescer.batches_sent - sent == 2  # one per model
+        # b1 keeps a's first 4 blocks (the head is the most recent), 2 of them in HBM
+        assert results[2] == {"b1": BlockMatch(4, 2, 2), "b2": ZERO}
+        assert results[3] == {"b1": ZERO, "b2": BlockMatch(3, 3, 0)}
+        assert results[4] == {"b1": ZERO}
+        # Sent alone, a call still answers; the registry learned both new keys.
+        assert (await index.match("m1", a[:2], {"b1": tight}))["b1"] == BlockMatch(2, 2, 0)
+        assert (await index.stats()).blocks_by_backend == {"b1": 4, "b2": 3}
+        await index.forget("b2")
+        assert (await index.stats()).blocks_by_backend == {"b1": 4}
+    finally:
+        await index.aclose()
+        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
