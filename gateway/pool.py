@@ -51,6 +51,7 @@ class BackendState:
     recorded_blocks: int = 0  # blocks recorded in the index for it (its "tree size"), approximate
     model_checked: bool = False  # its /v1/models listed the configured model (re-checked after a restart)
     kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from clean TTFT samples
+    _kv_capacity: tuple[BackendMetrics, float] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit)
@@ -62,8 +63,16 @@ class BackendState:
     @property
     def kv_capacity_bytes(self) -> float:
         """KV memory: scraped num_gpu_blocks × block_size × B_kv, else the config's block override,
-        else HBM × 0.9 − weights."""
+        else HBM × 0.9 − weights. Computed once per scrape (it is read for every request)."""
         m = self.metrics
+        cached = self._kv_capacity
+        if cached is not None and cached[0] is m:
+            return cached[1]
+        capacity = self._kv_capacity_of(m)
+        self._kv_capacity = (m, capacity)
+        return capacity
+
+    def _kv_capacity_of(self, m: BackendMetrics) -> float:
         if m.num_gpu_blocks and m.block_size_tokens:
             return m.num_gpu_blocks * m.block_size_tokens * kappa.b_kv_bytes(self.spec.model)
         if self.entry.num_gpu_blocks_override:
@@ -79,15 +88,14 @@ class BackendState:
 class Ticket:
     """A request's charges on one backend; `first_byte` and `finish` are idempotent."""
 
-    __slots__ = ("state", "kv_bytes", "prefill_s", "_telemetry", "_first", "_done")
+    __slots__ = ("state", "kv_bytes", "prefill_s", "_first", "_done")
 
-    def __init__(self, state: BackendState, kv_bytes: float, prefill_s: float, telemetry: Telemetry) -> None:
-        self.state, self.kv_bytes, self.prefill_s, self._telemetry = state, kv_bytes, prefill_s, telemetry
+    def __init__(self, state: BackendState, kv_bytes: float, prefill_s: float) -> None:
+        self.state, self.kv_bytes, self.prefill_s = state, kv_bytes, prefill_s
         self._first = self._done = False
         state.in_flight += 1
         state.kv_demand_bytes += kv_bytes
         state.outstanding_prefill_s += prefill_s
-        self._publish()
 
     def first_byte(self) -> None:
         if not self._first:
@@ -101,11 +109,6 @@ class Ticket:
         self._done = True
         self.state.in_flight -= 1
         self.state.kv_demand_bytes = max(self.state.kv_demand_bytes - self.kv_bytes, 0.0)
-        self._publish()
-
-    def _publish(self) -> None:
-        self._telemetry.in_flight.labels(self.state.id).set(self.state.in_flight)
-        self._telemetry.kv_demand.labels(self.state.id).set(self.state.kv_demand_bytes)
 
 
 class BackendPool:
@@ -131,7 +134,8 @@ class BackendPool:
         self._scrape_interval_s = scrape_interval_s
         self._tasks: list[asyncio.Task[None]] = []
         for s in states:
-            telemetry.init_backend(s.id, s.spec.kappa_crit)
+            telemetry.init_backend(s.id, s.spec.kappa_crit, in_flight=lambda s=s: s.in_flight,
+                                   kv_demand_bytes=lambda s=s: s.kv_demand_bytes)
 
     def eligible(self, model: str) -> list[BackendState]:
         """Healthy backends serving ``model``, in config order."""

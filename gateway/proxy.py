@@ -68,7 +68,7 @@ async def proxy(request: Request, kind: Kind, gw: GatewayState) -> Response:
         return await _proxy(request, kind, gw, received_s, request_id)
     except GatewayError as exc:
         exc.request_id = request_id
-        gw.telemetry.requests.labels("none", "none", gw.settings.routing.policy, "none", str(exc.status)).inc()
+        gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", str(exc.status))
         raise
 
 
@@ -187,13 +187,14 @@ class _Relay:
         self.ticket = None
         now = gw.clock()
         t = gw.telemetry
-        t.requests.labels(backend, self.plan.request.model, self.plan.decision.policy, est.regime.value, outcome).inc()
+        t.count_request(backend, self.plan.request.model, self.plan.decision.policy, est.regime.value, outcome)
         if outcome != "ok":
             return
         obs = self.observer
         c = self.candidate
+        series = t.backend(backend)
         if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
-            t.ttft.labels(backend).observe(obs.ttft_s)
+            series.ttft.observe(obs.ttft_s)
             fit = self.plan.states[backend].kappa_fit
             fit.observe(new_tokens=c.new_tokens, cached_host_tokens=c.cached_host_tokens, ttft_s=obs.ttft_s,
                         backend_idle=self.backend_idle)
@@ -201,12 +202,12 @@ class _Relay:
             if measured is not None:
                 t.kappa_crit.labels(backend, "measured").set(measured)
         for gap in obs.itl_s:
-            t.itl.labels(backend).observe(gap)
-        t.e2e.labels(backend).observe(now - obs.start_s)
-        t.kappa_ratio.labels(backend).observe(est.kappa_ratio)
-        t.prompt_tokens.labels(backend, "cached_hbm").inc(c.cached_hbm_tokens)
-        t.prompt_tokens.labels(backend, "cached_host").inc(c.cached_host_tokens)
-        t.prompt_tokens.labels(backend, "new").inc(c.new_tokens)
+            series.itl.observe(gap)
+        series.e2e.observe(now - obs.start_s)
+        series.kappa_ratio.observe(est.kappa_ratio)
+        series.cached_hbm_tokens.inc(c.cached_hbm_tokens)
+        series.cached_host_tokens.inc(c.cached_host_tokens)
+        series.new_tokens.inc(c.new_tokens)
         if obs.usage:
             gw.routing.observe_usage(self.plan, c, obs.usage)
 

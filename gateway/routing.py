@@ -103,6 +103,10 @@ class RoutingService:
         self.block_bytes = block_size_bytes(settings.index.block_size_tokens, settings.index.bytes_per_token)
         self.served_models = set(settings.served_models())
         self._index_degraded = False
+        self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
+        self._decision_seconds = telemetry.decision_seconds.labels(policy.name)
+        self._match_seconds = telemetry.index_seconds.labels("match")
+        self._record_seconds = telemetry.index_seconds.labels("record")
 
     # -- parsing -------------------------------------------------------------------------
     def parse(self, kind: Kind, raw: bytes) -> ParsedRequest:
@@ -155,9 +159,17 @@ class RoutingService:
 
     # -- deciding ------------------------------------------------------------------------
     def capacity(self, state: BackendState, model: str) -> TierCapacity:
-        """A backend's KV capacity in index blocks, HBM and host tier."""
+        """A backend's KV capacity in index blocks, HBM and host tier (recomputed only when
+        the scraped capacity or the bytes/token calibration moved)."""
+        inputs = (state.kv_capacity_bytes, self.calibration.get(model))
+        cached = self._capacities.get((state.id, model))
+        if cached is not None and cached[0] == inputs:
+            return cached[1]
         block_kv_bytes = self.tokens_per_block(model) * kappa.b_kv_bytes(state.spec.model)
-        return TierCapacity(int(state.kv_capacity_bytes // block_kv_bytes), int(state.host_tier_bytes // block_kv_bytes))
+        capacity = TierCapacity(int(state.kv_capacity_bytes // block_kv_bytes),
+                                int(state.host_tier_bytes // block_kv_bytes))
+        self._capacities[(state.id, model)] = (inputs, capacity)
+        return capacity
 
     def tokens_per_block(self, model: str) -> float:
         return self.block_bytes / self.calibration.get(model)
@@ -184,7 +196,7 @@ class RoutingService:
         views = [self._view(s, matches.get(s.id, _NO_MATCH), capacities[s.id]) for s in states]
         start = self.clock()
         decision = decide(self.policy, features, views, self.rng)
-        self.telemetry.decision_seconds.labels(self.policy.name).observe(self.clock() - start)
+        self._decision_seconds.observe(self.clock() - start)
         return RoutePlan(parsed, features, decision, {s.id: s for s in states}, index_ok)
 
     async def _match(self, parsed: ParsedRequest, capacities: dict[str, TierCapacity]) -> tuple[dict[str, BlockMatch], bool]:
@@ -196,7 +208,7 @@ class RoutingService:
         except PrefixIndexError as exc:
             self._degraded("match", exc)
             return {}, False
-        self.telemetry.index_seconds.labels("match").observe(self.clock() - start)
+        self._match_seconds.observe(self.clock() - start)
         self._recovered()
         return matches, True
 
@@ -218,7 +230,7 @@ class RoutingService:
         """Charge a candidate's KV demand and prefill to its backend's ledger, now."""
         state = plan.states[candidate.backend_id]
         est = candidate.estimate
-        return Ticket(state, est.kv_demand_bytes, est.prefill_s, self.telemetry)
+        return Ticket(state, est.kv_demand_bytes, est.prefill_s)
 
     async def record(self, model: str, state: BackendState, hashes: list[int]) -> None:
         """The backend now caches this chain (its prefill ran): tell the index."""
@@ -231,7 +243,7 @@ class RoutingService:
             self._degraded("record", exc)
             return
         state.recorded_blocks += len(hashes)
-        self.telemetry.index_seconds.labels("record").observe(self.clock() - start)
+        self._record_seconds.observe(self.clock() - start)
 
     async def forget(self, backend_id: str) -> None:
         """Drop a restarted backend's entries (the pool's restart hook)."""
@@ -252,8 +264,9 @@ class RoutingService:
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if isinstance(cached, int):
-            self.telemetry.cached_estimated.labels(candidate.backend_id).inc(candidate.cached_tokens)
-            self.telemetry.cached_reported.labels(candidate.backend_id).inc(cached)
+            series = self.telemetry.backend(candidate.backend_id)
+            series.cached_estimated.inc(candidate.cached_tokens)
+            series.cached_reported.inc(cached)
 
     def _degraded(self, op: str, exc: Exception) -> None:
         self.telemetry.index_errors.labels(op).inc()

@@ -24,6 +24,8 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # 0.01 … 1e5, 3 buckets per decade: κ_ratio spans 7 decades (REFERENCE.md §1: Mooncake p99 ≈ 890,
@@ -85,9 +87,50 @@ class Telemetry:
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
                                      ["model"], registry=r)
 
-    def init_backend(self, backend_id: str, kappa_crit_predicted: float) -> None:
-        """Create a backend's series at start-up so dashboards see zeros, not gaps."""
+        self._backends: dict[str, BackendSeries] = {}
+        self._outcomes: dict[tuple[str, str, str, str, str], object] = {}
+
+    def init_backend(self, backend_id: str, kappa_crit_predicted: float, *, in_flight: Callable[[], float],
+                     kv_demand_bytes: Callable[[], float]) -> None:
+        """Create a backend's series at start-up so dashboards see zeros, not gaps.
+
+        ``in_flight`` and ``kv_demand_bytes`` are read when ``/metrics`` is scraped (the
+        ledger changes twice per request; publishing each change cost CPU on the hot path).
+        """
         self.kappa_crit.labels(backend_id, "predicted").set(kappa_crit_predicted)
-        self.in_flight.labels(backend_id).set(0)
-        self.kv_demand.labels(backend_id).set(0)
+        self.in_flight.labels(backend_id).set_function(in_flight)
+        self.kv_demand.labels(backend_id).set_function(kv_demand_bytes)
         self.backend_up.labels(backend_id).set(0)
+
+    def backend(self, backend_id: str) -> BackendSeries:
+        """The per-request series of one backend, resolved once (``labels()`` costs µs per call)."""
+        series = self._backends.get(backend_id)
+        if series is None:
+            series = self._backends[backend_id] = BackendSeries(self, backend_id)
+        return series
+
+    def count_request(self, backend: str, model: str, policy: str, regime: str, status: str) -> None:
+        """``gateway_requests_total`` += 1; label values come from the config and closed sets."""
+        key = (backend, model, policy, regime, status)
+        child = self._outcomes.get(key)
+        if child is None:
+            child = self._outcomes[key] = self.requests.labels(*key)
+        child.inc()
+
+
+class BackendSeries:
+    """One backend's labelled children of the per-request metrics."""
+
+    __slots__ = ("ttft", "itl", "e2e", "kappa_ratio", "cached_hbm_tokens", "cached_host_tokens", "new_tokens",
+                 "cached_estimated", "cached_reported")
+
+    def __init__(self, telemetry: Telemetry, backend_id: str) -> None:
+        self.ttft = telemetry.ttft.labels(backend_id)
+        self.itl = telemetry.itl.labels(backend_id)
+        self.e2e = telemetry.e2e.labels(backend_id)
+        self.kappa_ratio = telemetry.kappa_ratio.labels(backend_id)
+        self.cached_hbm_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_hbm")
+        self.cached_host_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_host")
+        self.new_tokens = telemetry.prompt_tokens.labels(backend_id, "new")
+        self.cached_estimated = telemetry.cached_estimated.labels(backend_id)
+        self.cached_reported = telemetry.cached_reported.labels(backend_id)
