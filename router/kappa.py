@@ -63,9 +63,7 @@ def b_kv_bytes(model: ModelProfile) -> float:
 
     Llama-3.1-70B: 2·80·8·128·2 = 327,680; DeepSeek-V3 (MLA): 61·(512+64)·2 = 70,272.
     """
-    if model.is_mla:
-        return model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * model.kv_dtype_bytes
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.kv_dtype_bytes
+    return _constants(model).b_kv
 
 
 def b_kv_full_attention_bytes(model: ModelProfile) -> float:
@@ -74,7 +72,46 @@ def b_kv_full_attention_bytes(model: ModelProfile) -> float:
     gpt-oss-20b: 12 of 24 layers → 24,576 (nominal B_kv 49,152). Equal to `b_kv_bytes` for
     models without sliding-window layers.
     """
-    return b_kv_bytes(model) * model.full_attention_layers / model.num_layers
+    return _constants(model).b_kv_full
+
+
+def _b_kv_of(model: ModelProfile) -> float:
+    if model.is_mla:
+        return model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * model.kv_dtype_bytes
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.kv_dtype_bytes
+
+
+class _ModelConstants:
+    """The per-model figures every formula here starts from, derived once per profile (the
+    router evaluates them for every candidate of every request)."""
+
+    __slots__ = ("b_kv", "b_kv_full", "f_linear", "a_full", "a_sliding")
+
+    def __init__(self, model: ModelProfile) -> None:
+        self.b_kv = _b_kv_of(model)
+        self.b_kv_full = self.b_kv * model.full_attention_layers / model.num_layers
+        self.f_linear = 2.0 * model.active_params
+        d_v = model.v_head_dim or model.head_dim
+        per_layer = 2.0 * model.num_attention_heads * (model.head_dim + d_v)
+        self.a_full = model.full_attention_layers * per_layer
+        self.a_sliding = model.sliding_window_layers * per_layer
+
+
+_CONSTANTS: dict[int, tuple[ModelProfile, _ModelConstants]] = {}
+_CONSTANTS_MAX = 1024  # profiles are few and live as long as the process; tests build many
+
+
+def _constants(model: ModelProfile) -> _ModelConstants:
+    """Memoised by identity (profiles are frozen): hashing a pydantic model costs more than
+    the formulas."""
+    hit = _CONSTANTS.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_CONSTANTS) >= _CONSTANTS_MAX:
+        _CONSTANTS.clear()
+    constants = _ModelConstants(model)
+    _CONSTANTS[id(model)] = (model, constants)
+    return constants
 
 
 def kv_bytes(model: ModelProfile, tokens: float) -> float:
@@ -83,15 +120,15 @@ def kv_bytes(model: ModelProfile, tokens: float) -> float:
     = tokens · B_kv_full + min(tokens, window) · (B_kv − B_kv_full). Used for memory
     accounting (admission) and for the bytes a load moves.
     """
-    full = b_kv_full_attention_bytes(model)
+    c = _constants(model)
     if not model.sliding_window_layers:
-        return tokens * full
-    return tokens * full + min(tokens, model.sliding_window_tokens) * (b_kv_bytes(model) - full)
+        return tokens * c.b_kv_full
+    return tokens * c.b_kv_full + min(tokens, model.sliding_window_tokens) * (c.b_kv - c.b_kv_full)
 
 
 def linear_prefill_flops_per_token(model: ModelProfile) -> float:
     """F_pf without attention: 2 · N_active FLOPs per new token."""
-    return 2.0 * model.active_params
+    return _constants(model).f_linear
 
 
 def attention_flops_coefficient(model: ModelProfile, *, full_attention_only: bool = True) -> float:
@@ -100,9 +137,8 @@ def attention_flops_coefficient(model: ModelProfile, *, full_attention_only: boo
     a = 2 · L · n_q · (d_qk + d_v), over the full-attention layers (``full_attention_only``)
     or the sliding-window layers (``False`` gives the sliding-window layers' coefficient).
     """
-    layers = model.full_attention_layers if full_attention_only else model.sliding_window_layers
-    d_v = model.v_head_dim or model.head_dim
-    return 2.0 * layers * model.num_attention_heads * (model.head_dim + d_v)
+    c = _constants(model)
+    return c.a_full if full_attention_only else c.a_sliding
 
 
 def prefill_flops(model: ModelProfile, cached_tokens: float, new_tokens: float) -> float:
@@ -110,11 +146,11 @@ def prefill_flops(model: ModelProfile, cached_tokens: float, new_tokens: float) 
 
     = T · 2·N_active + a_full · T · (K + T/2) + a_sw · T · min(K + T/2, window).
     """
+    c = _constants(model)
     t, span = new_tokens, cached_tokens + new_tokens / 2.0
-    flops = t * linear_prefill_flops_per_token(model) + attention_flops_coefficient(model) * t * span
+    flops = t * c.f_linear + c.a_full * t * span
     if model.sliding_window_layers:
-        a_sw = attention_flops_coefficient(model, full_attention_only=False)
-        flops += a_sw * t * min(span, model.sliding_window_tokens)
+        flops += c.a_sliding * t * min(span, model.sliding_window_tokens)
     return flops
 
 
@@ -150,12 +186,13 @@ def kappa_crit(model: ModelProfile, kappa_hw_bytes_per_flop: float, *, new_token
     """
     if new_tokens is None:
         return kappa_m(model) * kappa_hw_bytes_per_flop
-    c = kappa_hw_bytes_per_flop / b_kv_bytes(model)
-    a = attention_flops_coefficient(model)
+    constants = _constants(model)
+    c = kappa_hw_bytes_per_flop / constants.b_kv
+    a = constants.a_full
     denominator = 1.0 - c * a * new_tokens
     if denominator <= 0:
         return math.inf
-    return c * (linear_prefill_flops_per_token(model) + a * new_tokens / 2.0) / denominator
+    return c * (constants.f_linear + a * new_tokens / 2.0) / denominator
 
 
 def kappa_ratio(cached_tokens: float, new_tokens: float) -> float:

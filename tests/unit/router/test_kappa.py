@@ -115,3 +115,14 @@ def test_sliding_window_kv_bytes_cap_at_window() -> None:
 def test_kappa_hw_rejects_nonpositive() -> None:
     with pytest.raises(ValueError, match="positive"):
         k.kappa_hw(0, 1e15)
+
+
+def test_memoised_model_constants_follow_the_profile_not_its_name() -> None:
+    # The per-model constants are memoised by identity: a changed copy of a profile (same
+    # name) must get its own figures, not the original's.
+    llama = default_catalog().model("llama-3.1-70b")
+    half = llama.model_copy(update={"num_layers": 40})
+    assert k.b_kv_bytes(llama) == 327_680
+    assert k.b_kv_bytes(half) == 163_840
+    assert k.attention_flops_coefficient(half) == k.attention_flops_coefficient(llama) / 2
+    assert k.b_kv_bytes(llama) == 327_680
