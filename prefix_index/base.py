@@ -201,24 +201,34 @@ def match_chain(
         The longest prefix whose blocks are all held with rank < ``total_blocks``, split
         into HBM (rank < ``hbm_blocks``) and host blocks.
     """
-    total = capacity.total_blocks
-    # largest m in [0, n] such that block m-1 is held with rank < total (monotone in m)
-    lo, hi = 0, min(n_blocks, total)
+    matched = _longest_held_prefix(min(n_blocks, capacity.total_blocks), capacity.total_blocks, rank_of)
+    in_hbm = _longest_held_prefix(min(matched, capacity.hbm_blocks), capacity.hbm_blocks, rank_of)
+    return BlockMatch(matched, in_hbm, matched - in_hbm)
+
+
+def _longest_held_prefix(hi: int, limit: int, rank_of: Callable[[int], int | None]) -> int:
+    """Largest m in [0, hi] such that block m-1 is held with rank < ``limit``.
+
+    The predicate is monotone in m: a record touches a whole chain head first, so a block
+    always has a higher score (lower rank) than any deeper block of its chain, and a trim
+    drops the lowest scores. Two probes settle the common cases before the binary search:
+    the whole range held (a repeated prompt), and block 0 missing (a backend that never
+    saw this prefix — most of them).
+    """
+
+    def held(m: int) -> bool:
+        rank = rank_of(m - 1)
+        return rank is not None and rank < limit
+
+    if hi == 0 or held(hi):
+        return hi
+    if not held(1):
+        return 0
+    lo, hi = 1, hi - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        rank = rank_of(mid - 1)
-        if rank is not None and rank < total:
+        if held(mid):
             lo = mid
         else:
             hi = mid - 1
-    matched = lo
-    # largest m in [0, matched] with rank(block m-1) < hbm; ranks increase with depth
-    lo, hi = 0, min(matched, capacity.hbm_blocks)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        rank = rank_of(mid - 1)
-        if rank is not None and rank < capacity.hbm_blocks:
-            lo = mid
-        else:
-            hi = mid - 1
-    return BlockMatch(matched, lo, matched - lo)
+    return lo

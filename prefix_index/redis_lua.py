@@ -23,7 +23,8 @@ __all__ = ["BATCH_LUA"]
 # Record: depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1;
 # ZADD goes in batches of 1000 pairs to stay under Lua's unpack() stack limit
 # (LUAI_MAXCSTACK = 8000); then trim to the total capacity by rank.
-# Match: a line-by-line port of base.match_chain's two binary searches, with ZREVRANK.
+# Match: a line-by-line port of base.match_chain (two searches, each probing the whole
+# range, then block 0, then bisecting), with ZREVRANK.
 BATCH_LUA = """
 local clock = KEYS[1]
 local n_records = tonumber(ARGV[1])
@@ -53,12 +54,18 @@ for r = 1, n_records do
   redis.call('ZREMRANGEBYRANK', key, 0, -(total + 1))
 end
 local key, packed
+local function held(m, limit)
+  local rank = redis.call('ZREVRANK', key, string.sub(packed, 8 * m - 7, 8 * m))
+  return rank and rank < limit
+end
 local function search(hi, limit)
-  local lo = 0
+  if hi == 0 or held(hi, limit) then return hi end
+  if not held(1, limit) then return 0 end
+  local lo = 1
+  hi = hi - 1
   while lo < hi do
     local mid = math.floor((lo + hi + 1) / 2)
-    local rank = redis.call('ZREVRANK', key, string.sub(packed, 8 * mid - 7, 8 * mid))
-    if rank and rank < limit then lo = mid else hi = mid - 1 end
+    if held(mid, limit) then lo = mid else hi = mid - 1 end
   end
   return lo
 end
