@@ -106,8 +106,9 @@ def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bo
             "rate_rps": base_rps * job.rate_scale if base_rps else None, "requests": len(requests),
             "lower_bound": lower_bound_summary(bounds[job.fleet]), "policies": {}})
         report = policy_report(result) | lower_bound_ratios(result, bounds[job.fleet])
-        report["ttfts_s"] = [round(r.first_token_s - r.arrival_s, 6) for r in result.records
-                             if r.first_token_s is not None]
+        if job.rate_scale == plan.rate_scales[len(plan.rate_scales) // 2]:  # the CDF plot's load
+            report["ttfts_s"] = [round(r.first_token_s - r.arrival_s, 4) for r in result.records
+                                 if r.first_token_s is not None]
         row["policies"][job.policy] = report
     return list(rows.values())
 
@@ -183,7 +184,7 @@ def plot(runs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
         ax = axes[workloads.index(w)][fleets.index(f)]
         run = group[len(group) // 2]
         for name, p in run["policies"].items():
-            ttfts = sorted(p["ttfts_s"])
+            ttfts = sorted(p.get("ttfts_s", ()))
             if ttfts:
                 ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=name)
         ax.set_xscale("log")
@@ -257,7 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
            "runs": runs}
     out = args.out or RESULTS / ("routing_quality_quick.json" if args.quick else "routing_quality.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    # One run per line: readable diffs without a line per TTFT.
+    out.write_text('{"meta": ' + json.dumps(doc["meta"], indent=1) + ',\n "runs": [\n'
+                   + ",\n".join(json.dumps(run) for run in runs) + "\n]}\n")
     tables = markdown(runs)
     print(tables)
     if args.markdown:
