@@ -218,20 +218,17 @@ class MockEngine:
         max_hit_blocks = (req.prefill_target - 1) // self.block_size
         hbm_blocks, host_blocks = self.cache.match(req.hashes, max_hit_blocks)
         hit = req.hashes[: hbm_blocks + host_blocks]
-        try:
-            self.cache.acquire_cached(hit)
-        except OutOfBlocks:
-            return None
+        computed = len(hit) * self.block_size
+        tokens = min(req.prefill_target - computed, budget)
+        need = math.ceil((computed + tokens) / self.block_size) - len(hit)
+        free = self.cache.num_free_blocks
+        # The prefix uses up between 0 and len(hit) free blocks: count it only when that decides.
+        if need > free or (need + len(hit) > free and self.cache.blocks_needed_to_admit(hit) + need > free):
+            return None  # KV is short: the request waits, and the cache is left as it was
+        self.cache.acquire_cached(hit)
+        self.cache.allocate_anonymous(need)
         req.held_hashes = list(hit)
-        req.computed = len(hit) * self.block_size
-        tokens = min(req.prefill_target - req.computed, budget)
-        need = math.ceil((req.computed + tokens) / self.block_size) - len(hit)
-        try:
-            self.cache.allocate_anonymous(need)
-        except OutOfBlocks:
-            self.cache.release(hit, 0)
-            req.held_hashes, req.computed = [], 0
-            return None
+        req.computed = computed
         req.anonymous_blocks = need
         if not req.admitted:  # the client is told the first admission's hit (vLLM num_cached_tokens)
             req.admitted = True
@@ -250,11 +247,13 @@ class MockEngine:
 
     def _grow(self, req: _Request, tokens: int, scheduled: list[tuple[_Request, int]]) -> bool:
         """Allocate blocks for ``tokens`` more tokens, preempting the newest running requests if needed."""
-        need = math.ceil((req.computed + tokens) / self.block_size) - req.blocks_held
+        need = -(-(req.computed + tokens) // self.block_size) - req.blocks_held
+        if need <= 0:  # most decode steps: the last block still has room
+            return True
         while True:
             try:
-                self.cache.allocate_anonymous(max(need, 0))
-                req.anonymous_blocks += max(need, 0)
+                self.cache.allocate_anonymous(need)
+                req.anonymous_blocks += need
                 return True
             except OutOfBlocks:
                 victim = self._running[-1]

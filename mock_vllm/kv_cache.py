@@ -86,6 +86,19 @@ class PagedKVCache:
                 break
         return hbm, host
 
+    def blocks_needed_to_admit(self, hashes: Sequence[int]) -> int:
+        """Free blocks that referencing ``hashes`` (a prefix found by `match`) would use up.
+
+        Every block of the prefix that is evictable (cached, unreferenced) stops being free,
+        and every host-tier block takes a free block to be loaded into; blocks some running
+        request already references cost nothing. So `acquire_cached` followed by
+        ``allocate_anonymous(n)`` succeeds exactly when this + n ≤ `num_free_blocks`, which
+        lets a scheduler check an admission without touching the cache (vLLM's
+        ``allocate_slots`` likewise returns None, changing nothing, when blocks are short).
+        """
+        refs, evictable = self._refs, self._evictable
+        return sum(1 for h in hashes if h not in refs or h in evictable)
+
     # -- changes -------------------------------------------------------------------------
     def acquire_cached(self, hashes: Sequence[int]) -> None:
         """Reference prefix blocks found by `match`; host-tier ones are loaded into HBM first.
@@ -110,9 +123,10 @@ class PagedKVCache:
         """Take ``n`` blocks for tokens that have no hash yet. Raises OutOfBlocks (nothing changed)."""
         if n > self.num_free_blocks:
             raise OutOfBlocks
-        for _ in range(n):
-            self._evict_one_if_needed()
-            self._anonymous += 1
+        never_used = self.num_gpu_blocks - len(self._refs) - self._anonymous
+        for _ in range(n - never_used):  # the never-used blocks go first, then LRU evictions
+            self._evict_one()
+        self._anonymous += n
 
     def seal(self, block_hash: int) -> bool:
         """An anonymous block became full with known tokens: name it by ``block_hash``.
@@ -159,6 +173,10 @@ class PagedKVCache:
         """Make one never-used block available, evicting the LRU cached block if none is."""
         if self.num_gpu_blocks - len(self._refs) - self._anonymous > 0:
             return
+        self._evict_one()
+
+    def _evict_one(self) -> None:
+        """Evict the least recently used unreferenced cached block (to the host tier, if any)."""
         victim, _ = self._evictable.popitem(last=False)
         del self._refs[victim]
         if self.num_host_blocks:
