@@ -259,6 +259,28 @@ async def test_random_workload_agrees_with_reference_model(index: PrefixIndex) -
     assert (await index.stats()).blocks_by_backend == held
 
 
+async def test_long_random_workload_agrees_with_reference_model(index: PrefixIndex) -> None:
+    # Long enough that the memory index's dead record segments pile up and get compacted
+    # (renumbered) several times; shared prefixes of varying length stale segments in part.
+    rnd = random.Random(7)
+    documents = [labels(f"L{r}-", 12) for r in range(4)]
+    caps = {"b1": TierCapacity(4, 4), "b2": TierCapacity(6, 0), "b3": TierCapacity(1, 3)}
+    reference = NaiveIndex()
+    for step in range(1200):
+        doc = rnd.choice(documents)
+        query = chain(doc[: rnd.randint(1, len(doc))] + labels(f"t{step % 5}-", rnd.randint(0, 2)))
+        if step % 7 == 0:
+            assert await index.match("m1", query, caps) == reference.match("m1", query, caps), step
+        backend_id = rnd.choice(list(caps))
+        await index.record("m1", backend_id, query, caps[backend_id])
+        reference.record("m1", backend_id, query, caps[backend_id])
+    for doc in documents:
+        query = chain(doc)
+        assert await index.match("m1", query, caps) == reference.match("m1", query, caps)
+    held = {b: len(s) for (_, b), s in reference.sets.items() if s}
+    assert (await index.stats()).blocks_by_backend == held
+
+
 # --- Redis only: failures become IndexUnavailable within the deadline ---------------
 
 
