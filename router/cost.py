@@ -34,14 +34,10 @@ DECODE_POWER_UTILISATION = 0.5
 
 
 def weights_read_bytes(model: ModelProfile, batch_tokens: float) -> float:
-    """Weight bytes one forward pass over ``batch_tokens`` tokens reads from HBM.
-
-    Dense models read every weight. An MoE layer reads the experts the batch routes to:
-    with a share s = active/total of the parameters used per token, the expected share
-    touched by n tokens is 1 − (1 − s)^n (tokens routed independently).
-    """
-    share = model.active_params / model.total_params
-    return model.weight_bytes * (1.0 - (1.0 - share) ** max(batch_tokens, 1.0))
+    """Weight bytes one forward pass over ``batch_tokens`` tokens reads from HBM (dense: all of
+    them; MoE: the experts the batch touches, 1 − (1 − active/total)^n of them; see
+    `router.kappa.ModelConstants.weights_read_bytes`)."""
+    return k.model_constants(model).weights_read_bytes(batch_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +52,8 @@ class BackendSpec:
         overlap_host_load: loads overlap compute (max) or precede it (sum).
 
     The derived fields (``c_eff_flops_per_s``, ``link_bytes_per_s``, ``kappa_hw``,
-    ``kappa_crit``) are computed once at construction.
+    ``kappa_crit``, ``max_power_w``, ``idle_power_w``, ``hbm_bandwidth_bytes_per_s``) are
+    computed once at construction: the router reads them for every candidate.
     """
 
     model: ModelProfile
@@ -69,6 +66,9 @@ class BackendSpec:
     link_bytes_per_s: float = field(init=False)
     kappa_hw: float = field(init=False)
     kappa_crit: float = field(init=False)
+    max_power_w: float = field(init=False)  # P_max = min(power cap, TDP) × TP, W
+    idle_power_w: float = field(init=False)  # W
+    hbm_bandwidth_bytes_per_s: float = field(init=False)  # × TP
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:
@@ -84,20 +84,10 @@ class BackendSpec:
         object.__setattr__(self, "link_bytes_per_s", link)
         object.__setattr__(self, "kappa_hw", kappa_hw)
         object.__setattr__(self, "kappa_crit", k.kappa_crit(self.model, kappa_hw))
-
-    @property
-    def max_power_w(self) -> float:
-        """P_max = min(power cap, TDP) × TP, W."""
         cap = self.hardware.tdp_w if self.power_cap_w is None else min(self.power_cap_w, self.hardware.tdp_w)
-        return cap * self.tensor_parallel
-
-    @property
-    def idle_power_w(self) -> float:
-        return self.hardware.idle_power_w * self.tensor_parallel
-
-    @property
-    def hbm_bandwidth_bytes_per_s(self) -> float:
-        return self.hardware.hbm_bandwidth_bytes_per_s * self.tensor_parallel
+        object.__setattr__(self, "max_power_w", cap * self.tensor_parallel)
+        object.__setattr__(self, "idle_power_w", self.hardware.idle_power_w * self.tensor_parallel)
+        object.__setattr__(self, "hbm_bandwidth_bytes_per_s", self.hardware.hbm_bandwidth_bytes_per_s * self.tensor_parallel)
 
     @property
     def kv_capacity_bytes(self) -> float:
@@ -166,16 +156,19 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         ``regime`` compares the t_load and t_compute of this request (the same as
         K_host/T > κ_crit(T) for models without sliding-window layers).
     """
-    model = backend.model
+    c = k.model_constants(backend.model)
+    cached = shape.cached_hbm_tokens + shape.cached_host_tokens
+    prompt = cached + shape.new_tokens
     new = max(shape.new_tokens, 1.0)
-    t_compute = k.prefill_flops(model, shape.cached_tokens, new) / backend.c_eff_flops_per_s
-    load_bytes = k.kv_bytes(model, shape.cached_host_tokens)
+    t_compute = c.prefill_flops(cached, new) / backend.c_eff_flops_per_s
+    load_bytes = c.kv_bytes(shape.cached_host_tokens)
     t_load = load_bytes / backend.link_bytes_per_s
-    t_hbm = (weights_read_bytes(model, new) + k.kv_bytes(model, shape.prompt_tokens)) / backend.hbm_bandwidth_bytes_per_s
+    hbm_bw = backend.hbm_bandwidth_bytes_per_s
+    t_hbm = (c.weights_read_bytes(new) + c.kv_bytes(prompt)) / hbm_bw
     base = max(t_compute, t_hbm)
     prefill = max(base, t_load) if backend.overlap_host_load else base + t_load
-    context = shape.prompt_tokens + shape.output_tokens / 2.0
-    decode_step = (model.active_weight_bytes + k.kv_bytes(model, context)) / backend.hbm_bandwidth_bytes_per_s
+    context = prompt + shape.output_tokens / 2.0
+    decode_step = (c.active_weight_bytes + c.kv_bytes(context)) / hbm_bw
     ttft = queue_wait_s + prefill
     decode_time = max(shape.output_tokens - 1.0, 0.0) * decode_step
     utilisation = max(t_compute, DECODE_POWER_UTILISATION * t_hbm) / prefill if prefill > 0 else 0.0
@@ -189,8 +182,8 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         e2e_s=ttft + decode_time,
         energy_j=energy,
         load_bytes=load_bytes,
-        kv_demand_bytes=k.kv_bytes(model, shape.prompt_tokens + shape.output_tokens),
-        kappa_ratio=k.kappa_ratio(shape.cached_tokens, shape.new_tokens),
-        kappa_crit=k.kappa_crit(model, backend.kappa_hw, new_tokens=new),
+        kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens),
+        kappa_ratio=k.kappa_ratio(cached, shape.new_tokens),
+        kappa_crit=c.kappa_crit(backend.kappa_hw, new),
         regime=Regime.TRANSFER if t_load > t_compute else Regime.COMPUTE,
     )

@@ -63,7 +63,7 @@ def b_kv_bytes(model: ModelProfile) -> float:
 
     Llama-3.1-70B: 2·80·8·128·2 = 327,680; DeepSeek-V3 (MLA): 61·(512+64)·2 = 70,272.
     """
-    return _constants(model).b_kv
+    return model_constants(model).b_kv
 
 
 def b_kv_full_attention_bytes(model: ModelProfile) -> float:
@@ -72,7 +72,7 @@ def b_kv_full_attention_bytes(model: ModelProfile) -> float:
     gpt-oss-20b: 12 of 24 layers → 24,576 (nominal B_kv 49,152). Equal to `b_kv_bytes` for
     models without sliding-window layers.
     """
-    return _constants(model).b_kv_full
+    return model_constants(model).b_kv_full
 
 
 def _b_kv_of(model: ModelProfile) -> float:
@@ -81,11 +81,22 @@ def _b_kv_of(model: ModelProfile) -> float:
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.kv_dtype_bytes
 
 
-class _ModelConstants:
-    """The per-model figures every formula here starts from, derived once per profile (the
-    router evaluates them for every candidate of every request)."""
+class ModelConstants:
+    """The per-model figures the formulas here start from, derived once per profile (the
+    router evaluates them for every candidate of every request). Read-only by convention.
 
-    __slots__ = ("b_kv", "b_kv_full", "f_linear", "a_full", "a_sliding")
+    Attributes:
+        b_kv, b_kv_full: `b_kv_bytes`, `b_kv_full_attention_bytes` (bytes/token).
+        f_linear: `linear_prefill_flops_per_token` (FLOP/token).
+        a_full, a_sliding: `attention_flops_coefficient` of the full-attention and the
+            sliding-window layers (FLOP per new × attended token).
+        window_tokens: the sliding window (tokens), 0 without sliding-window layers.
+        weight_bytes, active_weight_bytes: the profile's (bytes).
+        active_share: active / total parameters (1 for dense models).
+    """
+
+    __slots__ = ("b_kv", "b_kv_full", "f_linear", "a_full", "a_sliding", "window_tokens", "weight_bytes",
+                 "active_weight_bytes", "active_share")
 
     def __init__(self, model: ModelProfile) -> None:
         self.b_kv = _b_kv_of(model)
@@ -95,21 +106,56 @@ class _ModelConstants:
         per_layer = 2.0 * model.num_attention_heads * (model.head_dim + d_v)
         self.a_full = model.full_attention_layers * per_layer
         self.a_sliding = model.sliding_window_layers * per_layer
+        self.window_tokens = model.sliding_window_tokens if model.sliding_window_layers else 0
+        self.weight_bytes = model.weight_bytes
+        self.active_weight_bytes = model.active_weight_bytes
+        self.active_share = model.active_params / model.total_params
+
+    def kv_bytes(self, tokens: float) -> float:
+        """`kv_bytes` of ``tokens`` tokens (bytes)."""
+        if not self.window_tokens:
+            return tokens * self.b_kv_full
+        return tokens * self.b_kv_full + min(tokens, self.window_tokens) * (self.b_kv - self.b_kv_full)
+
+    def weights_read_bytes(self, batch_tokens: float) -> float:
+        """Weight bytes one forward pass over ``batch_tokens`` tokens reads from HBM.
+
+        Dense models read every weight. An MoE layer reads the experts the batch routes to:
+        with a share s = active/total of the parameters used per token, the expected share
+        touched by n tokens is 1 − (1 − s)^n (tokens routed independently).
+        """
+        return self.weight_bytes * (1.0 - (1.0 - self.active_share) ** max(batch_tokens, 1.0))
+
+    def prefill_flops(self, cached_tokens: float, new_tokens: float) -> float:
+        """`prefill_flops` (FLOP)."""
+        t, span = new_tokens, cached_tokens + new_tokens / 2.0
+        flops = t * self.f_linear + self.a_full * t * span
+        if self.window_tokens:
+            flops += self.a_sliding * t * min(span, self.window_tokens)
+        return flops
+
+    def kappa_crit(self, kappa_hw_bytes_per_flop: float, new_tokens: float) -> float:
+        """`kappa_crit` at T = ``new_tokens`` (the attention-aware closed form)."""
+        c = kappa_hw_bytes_per_flop / self.b_kv
+        denominator = 1.0 - c * self.a_full * new_tokens
+        if denominator <= 0:
+            return math.inf
+        return c * (self.f_linear + self.a_full * new_tokens / 2.0) / denominator
 
 
-_CONSTANTS: dict[int, tuple[ModelProfile, _ModelConstants]] = {}
+_CONSTANTS: dict[int, tuple[ModelProfile, ModelConstants]] = {}
 _CONSTANTS_MAX = 1024  # profiles are few and live as long as the process; tests build many
 
 
-def _constants(model: ModelProfile) -> _ModelConstants:
-    """Memoised by identity (profiles are frozen): hashing a pydantic model costs more than
-    the formulas."""
+def model_constants(model: ModelProfile) -> ModelConstants:
+    """The profile's `ModelConstants`, memoised by identity (profiles are frozen; hashing a
+    pydantic model would cost more than the formulas)."""
     hit = _CONSTANTS.get(id(model))
     if hit is not None and hit[0] is model:
         return hit[1]
     if len(_CONSTANTS) >= _CONSTANTS_MAX:
         _CONSTANTS.clear()
-    constants = _ModelConstants(model)
+    constants = ModelConstants(model)
     _CONSTANTS[id(model)] = (model, constants)
     return constants
 
@@ -120,15 +166,12 @@ def kv_bytes(model: ModelProfile, tokens: float) -> float:
     = tokens · B_kv_full + min(tokens, window) · (B_kv − B_kv_full). Used for memory
     accounting (admission) and for the bytes a load moves.
     """
-    c = _constants(model)
-    if not model.sliding_window_layers:
-        return tokens * c.b_kv_full
-    return tokens * c.b_kv_full + min(tokens, model.sliding_window_tokens) * (c.b_kv - c.b_kv_full)
+    return model_constants(model).kv_bytes(tokens)
 
 
 def linear_prefill_flops_per_token(model: ModelProfile) -> float:
     """F_pf without attention: 2 · N_active FLOPs per new token."""
-    return _constants(model).f_linear
+    return model_constants(model).f_linear
 
 
 def attention_flops_coefficient(model: ModelProfile, *, full_attention_only: bool = True) -> float:
@@ -137,7 +180,7 @@ def attention_flops_coefficient(model: ModelProfile, *, full_attention_only: boo
     a = 2 · L · n_q · (d_qk + d_v), over the full-attention layers (``full_attention_only``)
     or the sliding-window layers (``False`` gives the sliding-window layers' coefficient).
     """
-    c = _constants(model)
+    c = model_constants(model)
     return c.a_full if full_attention_only else c.a_sliding
 
 
@@ -146,12 +189,7 @@ def prefill_flops(model: ModelProfile, cached_tokens: float, new_tokens: float) 
 
     = T · 2·N_active + a_full · T · (K + T/2) + a_sw · T · min(K + T/2, window).
     """
-    c = _constants(model)
-    t, span = new_tokens, cached_tokens + new_tokens / 2.0
-    flops = t * c.f_linear + c.a_full * t * span
-    if model.sliding_window_layers:
-        flops += c.a_sliding * t * min(span, model.sliding_window_tokens)
-    return flops
+    return model_constants(model).prefill_flops(cached_tokens, new_tokens)
 
 
 def c_eff_flops_per_s(hw: HardwareProfile, *, power_cap_w: float | None = None, tensor_parallel: int = 1) -> float:
@@ -186,13 +224,7 @@ def kappa_crit(model: ModelProfile, kappa_hw_bytes_per_flop: float, *, new_token
     """
     if new_tokens is None:
         return kappa_m(model) * kappa_hw_bytes_per_flop
-    constants = _constants(model)
-    c = kappa_hw_bytes_per_flop / constants.b_kv
-    a = constants.a_full
-    denominator = 1.0 - c * a * new_tokens
-    if denominator <= 0:
-        return math.inf
-    return c * (constants.f_linear + a * new_tokens / 2.0) / denominator
+    return model_constants(model).kappa_crit(kappa_hw_bytes_per_flop, new_tokens)
 
 
 def kappa_ratio(cached_tokens: float, new_tokens: float) -> float:
