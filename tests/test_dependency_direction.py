@@ -53,9 +53,9 @@ def test_package_imports_only_what_design_allows(package: str) -> None:
     assert not violations, "DESIGN.md §2 dependency direction broken:\n" + "\n".join(violations)
 
 
-def test_prefix_index_imports_only_stdlib_xxhash_sortedcontainers() -> None:
-    """STYLE.md B2 as an allow-list: stdlib, xxhash, sortedcontainers; redis only in redis_index.py."""
-    allowed = set(sys.stdlib_module_names) | {"xxhash", "sortedcontainers", "prefix_index"}
+def test_prefix_index_imports_only_stdlib_and_xxhash() -> None:
+    """STYLE.md B2 as an allow-list: stdlib, xxhash; redis only in the Redis implementation's modules."""
+    allowed = set(sys.stdlib_module_names) | {"xxhash", "prefix_index"}
     violations = []
     for path in python_files("prefix_index"):
         rel = path.relative_to(ROOT).as_posix()
