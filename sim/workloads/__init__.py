@@ -20,7 +20,9 @@ name                        what                                                
 The real traces are read from ``shared/data/traces`` beside the repository
 (`SHARED_DATA_DIR`; ../shared/data/traces/README.md has their sources and licences); where it
 is absent they raise `FileNotFoundError` with the path. Generated rates at scale 1 are
-`RATES_RPS`, chosen so scale 1 loads the heterogeneous fleet moderately (below its knee).
+`RATES_RPS` (a session workload reaches about that rate once its warm-up has passed); where
+each workload's knee lies on the shipped fleets — at scale ≈ 0.5–1 for document QA and agentic
+coding, ≈ 4–8 for chat — is measured in BENCHMARKS.md "Routing quality" (`bench/routing_quality.py`).
 """
 
 from __future__ import annotations
