@@ -48,6 +48,8 @@ Kind = Literal["chat", "completion"]
 # KV the gateway charges for the output of a request that sets no max_tokens (vLLM would
 # fill the context; most clients stop far earlier): an estimate, named as one.
 DEFAULT_MAX_TOKENS_ESTIMATE = 256
+# At most one "index unavailable" warning per this many seconds; gateway_index_errors_total counts every failure.
+INDEX_WARNING_INTERVAL_S = 60.0
 _NO_MATCH = BlockMatch(0, 0, 0)
 
 
@@ -103,6 +105,9 @@ class RoutingService:
         self.block_bytes = block_size_bytes(settings.index.block_size_tokens, settings.index.bytes_per_token)
         self.served_models = set(settings.served_models())
         self._index_degraded = False
+        self._warned_at_s: float | None = None  # clock() of the last "unavailable" warning
+        self._errors_since_warning = 0
+        self._recovery_owed = False
         self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
         self._decision_seconds = telemetry.decision_seconds.labels(policy.name)
         self._match_seconds = telemetry.index_seconds.labels("match")
@@ -269,12 +274,26 @@ class RoutingService:
             series.cached_reported.inc(cached)
 
     def _degraded(self, op: str, exc: Exception) -> None:
+        """Count an index failure; warn at the start of an outage, at most once per
+        ``INDEX_WARNING_INTERVAL_S`` (an overloaded Redis fails and answers by turns, and
+        each turn must not cost two log lines)."""
         self.telemetry.index_errors.labels(op).inc()
-        if not self._index_degraded:
-            self._index_degraded = True
-            log.warning("prefix index unavailable (%s: %s): routing without prefix matches until it recovers", op, exc)
+        self._errors_since_warning += 1
+        if self._index_degraded:
+            return
+        self._index_degraded = True
+        now = self.clock()
+        if self._warned_at_s is None or now - self._warned_at_s >= INDEX_WARNING_INTERVAL_S:
+            extra = "" if self._errors_since_warning == 1 else f"; {self._errors_since_warning} index errors since the last warning"
+            log.warning("prefix index unavailable (%s: %s): routing without prefix matches until it recovers%s",
+                        op, exc, extra)
+            self._warned_at_s = now
+            self._errors_since_warning = 0
+            self._recovery_owed = True
 
     def _recovered(self) -> None:
         if self._index_degraded:
             self._index_degraded = False
-            log.warning("prefix index reachable again: prefix-aware routing resumed")
+            if self._recovery_owed:  # only a warned outage gets its recovery line
+                self._recovery_owed = False
+                log.warning("prefix index reachable again: prefix-aware routing resumed")
