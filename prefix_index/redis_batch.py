@@ -3,10 +3,18 @@
 At concurrency, a gateway issues a ``match`` for every arriving request and a ``record``
 for every request whose prefill started. Sent one by one, each costs a redis-py command
 (packing, a socket write, a read, parsing: tens of µs of the gateway's CPU) and a Redis
-command dispatch. :class:`Coalescer` queues the calls made during one event-loop turn
-and sends them, per model, as one ``redis_lua.BATCH_LUA`` call at the end of the turn —
-records first, then matches, so a match sees every record queued before it. A lone call
-still goes out in the same turn (``loop.call_soon``), so coalescing adds no waiting.
+command dispatch. :class:`Coalescer` queues the calls of one event-loop turn and sends
+them, per model, as one ``redis_lua.BATCH_LUA`` call at the end of the turn
+(``loop.call_soon``: no added wait) — records first, then matches, so a match sees every
+record sent with or before it.
+
+Matches are on the request path and never wait. Records are not: one batch carrying
+records is in flight per model at a time, holding at most ``RECORD_BLOCKS_PER_BATCH``
+blocks (a Lua script blocks Redis while it runs, so a huge one would stall the matches
+behind it); records made meanwhile wait, and the ones whose callers gave up before they
+were sent (their deadline passed) are dropped, so an overloaded Redis is not handed work
+nobody waits for. A match therefore sees every record that completed before it was
+issued, and maybe later ones.
 
 It is the DataLoader pattern (batch the loads issued in one tick); it plays the role of
 the pipelining LiteLLM's users asked for when per-request Redis round trips dominated
@@ -16,7 +24,7 @@ under load (BerriAI/litellm#6483).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,25 +35,36 @@ from prefix_index.base import BlockMatch, TierCapacity
 from prefix_index.errors import IndexUnavailable
 from prefix_index.redis_lua import BATCH_LUA
 
-__all__ = ["Coalescer"]
+__all__ = ["RECORD_BLOCKS_PER_BATCH", "Coalescer"]
+
+# Blocks recorded per script call, at most (one record may exceed it alone): ZADD of 8,192
+# members takes Redis ~4 ms on this machine, the longest a match may wait behind it.
+RECORD_BLOCKS_PER_BATCH = 8192
+
+
+@dataclass(slots=True)
+class _Record:
+    future: asyncio.Future
+    blocks_key: str
+    total_blocks: int
+    packed: bytes
+    registration: tuple[str, str]  # (registry key, model), for on_created
+
+
+@dataclass(slots=True)
+class _Match:
+    future: asyncio.Future
+    blocks_keys: dict[str, str]  # backend id -> key
+    capacities: Mapping[str, TierCapacity]
+    packed: bytes
 
 
 @dataclass(slots=True)
 class _Batch:
-    """The calls queued for one model during one loop turn."""
+    """The calls queued for one model."""
 
-    clock_key: str
-    key_ids: dict[str, int] = field(default_factory=dict)  # blocks key -> KEYS index (1-based)
-    record_args: list[Any] = field(default_factory=list)
-    records: list[tuple[asyncio.Future, tuple[str, str]]] = field(default_factory=list)  # (future, registration)
-    match_args: list[Any] = field(default_factory=list)
-    matches: list[tuple[asyncio.Future, Sequence[str]]] = field(default_factory=list)  # (future, backend ids)
-
-    def key_id(self, key: str) -> int:
-        index = self.key_ids.get(key)
-        if index is None:
-            index = self.key_ids[key] = len(self.key_ids) + 2  # KEYS[1] is the clock
-        return index
+    records: list[_Record] = field(default_factory=list)
+    matches: list[_Match] = field(default_factory=list)
 
 
 class Coalescer:
@@ -65,97 +84,136 @@ class Coalescer:
         self._script = client.register_script(BATCH_LUA)
         self._timeout_s = timeout_s
         self._on_created = on_created
-        self._pending: dict[str, _Batch] = {}
+        self._pending: dict[str, _Batch] = {}  # clock key -> calls not sent yet
+        self._busy: set[str] = set()  # clock keys with a batch carrying records in flight
         self._flush_scheduled = False
         self._in_flight: set[asyncio.Task] = set()
         self.batches_sent = 0  # for tests and benchmarks: how much coalescing happened
         self.calls_sent = 0
+        self.calls_abandoned = 0  # queued calls whose caller had given up before sending
 
     def record(self, clock_key: str, blocks_key: str, packed: bytes, capacity: TierCapacity,
                registration: tuple[str, str]) -> asyncio.Future:
         """Queue a record; the future resolves to None once Redis has it.
         ``registration`` is (registry key, model), passed to ``on_created``."""
-        batch = self._batch(clock_key)
         future = asyncio.get_running_loop().create_future()
-        batch.record_args += (batch.key_id(blocks_key), capacity.total_blocks, packed)
-        batch.records.append((future, registration))
+        self._queue(clock_key).records.append(_Record(future, blocks_key, capacity.total_blocks, packed, registration))
         return future
 
     def match(self, clock_key: str, blocks_keys: dict[str, str], packed: bytes,
-              capacities: dict[str, TierCapacity]) -> asyncio.Future:
+              capacities: Mapping[str, TierCapacity]) -> asyncio.Future:
         """Queue a match (``blocks_keys``: backend id -> key); the future resolves to
         backend id -> ``BlockMatch``."""
-        batch = self._batch(clock_key)
         future = asyncio.get_running_loop().create_future()
-        args = batch.match_args
-        args.append(len(blocks_keys))
-        for backend_id, key in blocks_keys.items():
-            capacity = capacities[backend_id]
-            args += (batch.key_id(key), capacity.hbm_blocks, capacity.host_blocks)
-        args.append(packed)
-        batch.matches.append((future, list(blocks_keys)))
+        self._queue(clock_key).matches.append(_Match(future, blocks_keys, capacities, packed))
         return future
 
     async def aclose(self) -> None:
         """Wait for the batches in flight (each bounded by the timeout)."""
-        if self._in_flight:
+        while self._in_flight:
             await asyncio.gather(*self._in_flight, return_exceptions=True)
 
-    def _batch(self, clock_key: str) -> _Batch:
+    def _queue(self, clock_key: str) -> _Batch:
         batch = self._pending.get(clock_key)
         if batch is None:
-            batch = self._pending[clock_key] = _Batch(clock_key)
+            batch = self._pending[clock_key] = _Batch()
+        self._schedule_flush()
+        return batch
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
-        return batch
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        pending, self._pending = self._pending, {}
-        for batch in pending.values():
-            task = asyncio.get_running_loop().create_task(self._send(batch))
+        loop = asyncio.get_running_loop()
+        for clock_key in list(self._pending):
+            waiting = self._pending[clock_key]
+            batch = _Batch(matches=waiting.matches)
+            waiting.matches = []
+            if clock_key not in self._busy:
+                live = [r for r in waiting.records if not r.future.done()]
+                self.calls_abandoned += len(waiting.records) - len(live)
+                taken = blocks = 0
+                for r in live:
+                    if taken and blocks + len(r.packed) // 8 > RECORD_BLOCKS_PER_BATCH:
+                        break
+                    blocks += len(r.packed) // 8
+                    taken += 1
+                batch.records, waiting.records = live[:taken], live[taken:]
+            if not waiting.records:
+                del self._pending[clock_key]
+            if not batch.records and not batch.matches:
+                continue
+            if batch.records:
+                self._busy.add(clock_key)
+            task = loop.create_task(self._send(clock_key, batch))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
 
-    async def _send(self, batch: _Batch) -> None:
-        keys = [batch.clock_key, *batch.key_ids]
-        args = [len(batch.records), len(batch.matches), *batch.record_args, *batch.match_args]
+    async def _send(self, clock_key: str, batch: _Batch) -> None:
+        try:
+            await self._run(clock_key, batch)
+        finally:
+            if batch.records:
+                self._busy.discard(clock_key)
+                if clock_key in self._pending:
+                    self._schedule_flush()
+
+    async def _run(self, clock_key: str, batch: _Batch) -> None:
+        records = [r for r in batch.records if not r.future.done()]
+        matches = [m for m in batch.matches if not m.future.done()]
+        self.calls_abandoned += len(batch.records) + len(batch.matches) - len(records) - len(matches)
+        if not records and not matches:
+            return
+        key_ids: dict[str, int] = {}  # blocks key -> KEYS index (KEYS[1] is the clock)
+
+        def key_id(key: str) -> int:
+            index = key_ids.get(key)
+            if index is None:
+                index = key_ids[key] = len(key_ids) + 2
+            return index
+
+        args: list[Any] = [len(records), len(matches)]
+        for r in records:
+            args += (key_id(r.blocks_key), r.total_blocks, r.packed)
+        for m in matches:
+            args.append(len(m.blocks_keys))
+            for backend_id, key in m.blocks_keys.items():
+                capacity = m.capacities[backend_id]
+                args += (key_id(key), capacity.hbm_blocks, capacity.host_blocks)
+            args.append(m.packed)
         self.batches_sent += 1
-        self.calls_sent += len(batch.records) + len(batch.matches)
+        self.calls_sent += len(records) + len(matches)
+        calls = [*records, *matches]
         try:
             async with asyncio.timeout(self._timeout_s):
-                flat = await self._script(keys=keys, args=args)
-                created = [reg for (_, reg), existed in zip(batch.records, flat) if not existed]
+                flat = await self._script(keys=[clock_key, *key_ids], args=args)
+                created = [r.registration for r, existed in zip(records, flat) if not existed]
                 for registry_key, model in dict.fromkeys(created):
                     await self._on_created(registry_key, model)
         except (TimeoutError, RedisError) as exc:
             what = f"took longer than {self._timeout_s} s" if isinstance(exc, TimeoutError) else \
                 f"failed: {type(exc).__name__}: {exc}"
-            for future, _ in (*batch.records, *batch.matches):
-                if not future.done():
-                    error = IndexUnavailable(f"redis {_ops(batch)} {what}")
+            ops = "record+match" if records and matches else "record" if records else "match"
+            for call in calls:
+                if not call.future.done():
+                    error = IndexUnavailable(f"redis {ops} {what}")
                     error.__cause__ = exc
-                    future.set_exception(error)
+                    call.future.set_exception(error)
             return
         except BaseException as exc:  # cancelled at shutdown, or a bug: no caller waits forever
-            for future, _ in (*batch.records, *batch.matches):
-                if not future.done():
-                    future.set_exception(IndexUnavailable(f"redis batch aborted: {exc!r}"))
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(IndexUnavailable(f"redis batch aborted: {exc!r}"))
             raise
-        for future, _ in batch.records:
-            if not future.done():
-                future.set_result(None)
-        at = len(batch.records)
-        for future, backend_ids in batch.matches:
-            if not future.done():
-                future.set_result({b: BlockMatch(*flat[at + 3 * i: at + 3 * i + 3]) for i, b in enumerate(backend_ids)})
-            at += 3 * len(backend_ids)
-
-
-def _ops(batch: _Batch) -> str:
-    if batch.records and batch.matches:
-        return "record+match"
-    return "record" if batch.records else "match"
-
-
+        for r in records:
+            if not r.future.done():
+                r.future.set_result(None)
+        at = len(records)
+        for m in matches:
+            if not m.future.done():
+                m.future.set_result({b: BlockMatch(*flat[at + 3 * i: at + 3 * i + 3])
+                                     for i, b in enumerate(m.blocks_keys)})
+            at += 3 * len(m.blocks_keys)

@@ -429,3 +429,41 @@ async def test_redis_calls_of_one_loop_turn_go_out_as_one_batch(redis_url: str, 
         if keys:
             await client.delete(*keys)
         await client.aclose()
+
+
+@pytest.mark.redis
+async def test_redis_records_wait_behind_a_record_batch_in_flight_and_matches_do_not(
+        redis_url: str, key_prefix: str) -> None:
+    index = RedisPrefixIndex.from_url(redis_url, key_prefix=key_prefix, timeout_s=CONTRACT_TIMEOUT_S)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        a, b = chain(labels("a", 5)), chain(labels("b", 5))
+        coalescer = index._coalescer
+        # A first batch that keeps Redis busy for milliseconds (a 20,000-block record).
+        slow = chain(labels("s", 20_000))
+        first = asyncio.ensure_future(index.record("m1", "b1", slow, TierCapacity(30_000, 0)))
+        while coalescer.batches_sent == 0:  # until the first batch is out, waiting for Redis
+            await asyncio.sleep(0)
+        assert not first.done()
+        sent, calls = coalescer.batches_sent, coalescer.calls_sent
+        given_up = asyncio.ensure_future(index.record("m1", "b3", a, ROOMY))
+        await asyncio.sleep(0)  # queued behind the record batch in flight ...
+        given_up.cancel()  # ... and its caller gives up (as a request past its deadline does)
+        later = [index.record("m1", "b1", a, ROOMY), index.record("m1", "b2", b, ROOMY),
+                 index.match("m1", b, {"b1": ROOMY, "b2": ROOMY})]
+        results = await asyncio.gather(first, *later)
+        # The match went at once, alone; the two live records went together once the first
+        # batch answered; the abandoned one never. (Whether Redis ran the match before the
+        # records depends on its connections: a match may see records issued after it.)
+        assert results[3]["b1"] == ZERO
+        assert coalescer.batches_sent - sent == 2
+        assert coalescer.calls_sent - calls == 3
+        assert coalescer.calls_abandoned == 1
+        assert await index.match("m1", b, {"b2": ROOMY, "b3": ROOMY}) == {"b2": BlockMatch(5, 5, 0), "b3": ZERO}
+        assert (await index.match("m1", slow[:3], {"b1": TierCapacity(30_000, 0)}))["b1"] == BlockMatch(3, 3, 0)
+    finally:
+        await index.aclose()
+        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
