@@ -15,7 +15,7 @@ def _f(value: float | None, fmt: str) -> str:
 def print_report(report: dict[str, Any], console: Console) -> None:
     """Print `gateway.demo.build_report`'s dict for a person."""
     title = (f"kappa-gateway demo: {report['requests']} requests, {report['errors']} errors, policy "
-             f"{report['policy']}, {report['wall_s']} s")
+             f"{report['policy']}, {report['wall_s']} s of wall time")
     table = Table(title=title, caption=report["workload"])
     for col in ("backend", "hardware", "κ_crit", "reqs", "compute/xfer", "κ p50", "κ p90",
                 f"κ>{report['high_kappa_threshold']:.1f}", f"T≥{report['large_t_threshold_tokens'] / 1e3:.1f}k",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
+
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
@@ -73,11 +75,23 @@ async def backends(gw: State) -> dict:
 
 @router.post("/v1/kappa/route")
 async def explain(request: Request, gw: State) -> dict[str, Any]:
-    """Explain the decision for a chat or completions body without sending it."""
+    """Explain the decision for a chat or completions body without sending it.
+
+    ``kappa_crit`` is null where no K makes the request transfer-bound at its T (the
+    attention-aware κ_crit(T) is infinite there; `router.kappa.kappa_crit`)."""
     raw = await read_body(request, gw.settings.gateway.max_body_bytes)
-    kind = "chat" if b'"messages"' in raw else "completion"
-    if kind == "completion" and b'"prompt"' not in raw:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"Invalid JSON body: {exc}") from None
+    if isinstance(body, dict) and "messages" in body:
+        kind = "chat"
+    elif isinstance(body, dict) and "prompt" in body:
+        kind = "completion"
+    elif isinstance(body, dict):
         raise BadRequest("The body needs 'messages' (chat) or 'prompt' (completions).")
+    else:
+        kind = "chat"  # parse() answers that the body must be a JSON object
     plan = await gw.routing.plan(gw.routing.parse(kind, raw))
     rank = {c.backend_id: i for i, c in enumerate(plan.decision.ranked)}
     candidates = []

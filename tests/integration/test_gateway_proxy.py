@@ -105,6 +105,22 @@ def test_bad_requests_get_openai_errors(gw: Gateway, body: bytes, status: int, p
     assert error["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "Invalid JSON body: "),
+        (b"[1, 2]", "The request body must be a JSON object."),
+        (json.dumps({"model": MOCK_MODEL}).encode(), "The body needs 'messages' (chat) or 'prompt' (completions)."),
+        (json.dumps({"model": MOCK_MODEL, "messages": "hi"}).encode(), "'messages' must be a non-empty array."),
+    ],
+    ids=["malformed", "not-object", "neither-messages-nor-prompt", "messages-string"],
+)
+def test_explain_route_answers_bad_bodies_like_the_proxy(gw: Gateway, body: bytes, message: str) -> None:
+    resp = gw.http.post("/v1/kappa/route", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"].startswith(message)
+
+
 def test_openai_client_sees_typed_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
