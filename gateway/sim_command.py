@@ -110,7 +110,7 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
                       f"{_f(regimes['compute'], '.0%')}/{_f(regimes['transfer'], '.0%')}")
     console = Console(width=max(console.width, 140))
     console.print(table)
-    per_backend = Table(title="per backend: requests (high-κ share, large-T share)")
+    per_backend = Table(title="per backend: requests (share of them high-κ, share large-T)")
     per_backend.add_column("policy", no_wrap=True)
     first = next(iter(report["policies"].values()), None)
     for b in first["backends"] if first else ():

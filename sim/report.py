@@ -63,7 +63,8 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         "host_hit_ratio", "regime_share": {"compute", "transfer"}, "requests", "finished",
         "rejected", "makespan_s", "high_kappa_threshold", "large_t_threshold_tokens",
         "backends": [{"id", "hardware", "role", "kappa_crit", "requests", "request_share",
-        "high_kappa_requests", "high_kappa_share", "large_t_requests", "large_t_share",
+        "high_kappa_requests", "high_kappa_share", "high_kappa_of_all", "large_t_requests",
+        "large_t_share", "large_t_of_all",
         "prefix_hit_ratio", "ttft_p50_s", "energy_j"}], "wall_s"}``; figures with no data are None.
     """
     done = [r for r in result.records if r.finish_s is not None and r.first_token_s is not None]
@@ -89,8 +90,11 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         backends.append({
             "id": b.id, "hardware": _hardware(b), "role": b.labels.get("role", ""),
             "kappa_crit": b.spec.kappa_crit, "requests": len(mine), "request_share": _share(len(mine), routed),
-            "high_kappa_requests": high, "high_kappa_share": _share(high, n_high),
-            "large_t_requests": large, "large_t_share": _share(large, n_large),
+            # *_share: of this backend's requests (as in the demo's report); *_of_all: of the run's
+            "high_kappa_requests": high, "high_kappa_share": _share(high, len(mine)),
+            "high_kappa_of_all": _share(high, n_high),
+            "large_t_requests": large, "large_t_share": _share(large, len(mine_done)),
+            "large_t_of_all": _share(large, n_large),
             "prefix_hit_ratio": _share(sum(r.cached_tokens for r in mine_done), b_prompt),
             "ttft_p50_s": percentile([r.first_token_s - r.arrival_s for r in mine_done], 50),
             "energy_j": result.energy_j.get(b.id),

@@ -44,10 +44,13 @@ def test_report_on_a_hand_made_run() -> None:
     dense, link = report["backends"]
     assert report["high_kappa_threshold"] == pytest.approx(DENSE.spec.kappa_crit)
     assert (dense["requests"], link["requests"]) == (2, 2)
-    assert (dense["high_kappa_share"], link["high_kappa_share"]) == (0.0, 1.0)  # only κ_ratio 19 > 6.4
+    # only κ_ratio 19 > 6.4: half of link's requests, all of the run's high-κ ones
+    assert (dense["high_kappa_share"], link["high_kappa_share"]) == (0.0, 0.5)
+    assert (dense["high_kappa_of_all"], link["high_kappa_of_all"]) == (0.0, 1.0)
     # new tokens 1000, 500, 100, 4000: p90 = 1000 + 0.7·3000 = 3100, so only record 3 is large-T
     assert report["large_t_threshold_tokens"] == pytest.approx(3100)
-    assert (dense["large_t_share"], link["large_t_share"]) == (0.0, 1.0)
+    assert (dense["large_t_share"], link["large_t_share"]) == (0.0, 0.5)
+    assert (dense["large_t_of_all"], link["large_t_of_all"]) == (0.0, 1.0)
     assert dense["prefix_hit_ratio"] == pytest.approx(0.25)
 
 
