@@ -88,10 +88,12 @@ class BackendState:
 class Ticket:
     """A request's charges on one backend; `first_byte` and `finish` are idempotent."""
 
-    __slots__ = ("state", "kv_bytes", "prefill_s", "_first", "_done")
+    __slots__ = ("state", "kv_bytes", "prefill_s", "_on_finish", "_first", "_done")
 
-    def __init__(self, state: BackendState, kv_bytes: float, prefill_s: float) -> None:
+    def __init__(self, state: BackendState, kv_bytes: float, prefill_s: float,
+                 on_finish: Callable[[], None] | None = None) -> None:
         self.state, self.kv_bytes, self.prefill_s = state, kv_bytes, prefill_s
+        self._on_finish = on_finish  # called once, when the request ends (however it ends)
         self._first = self._done = False
         state.in_flight += 1
         state.kv_demand_bytes += kv_bytes
@@ -109,6 +111,8 @@ class Ticket:
         self._done = True
         self.state.in_flight -= 1
         self.state.kv_demand_bytes = max(self.state.kv_demand_bytes - self.kv_bytes, 0.0)
+        if self._on_finish is not None:
+            self._on_finish()
 
 
 class BackendPool:

@@ -86,8 +86,10 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
             resp, first = await open_response(
                 gw.session, state.entry.url + UPSTREAM_PATHS[kind], raw, up_headers,
                 first_byte_timeout_s=gw.settings.gateway.upstream_first_byte_timeout_s)
-        except UpstreamError as exc:
-            ticket.finish()
+        except BaseException as exc:
+            ticket.finish()  # the ledger and the pending chain are released on every path
+            if not isinstance(exc, UpstreamError):
+                raise
             gw.telemetry.retries.labels(state.id).inc()
             if isinstance(exc, UpstreamUnavailable):
                 gw.pool.mark_down(state, exc.message)

@@ -26,6 +26,7 @@ from gateway.telemetry import Telemetry
 from prefix_index import (
     BlockMatch,
     CanonicalizationError,
+    PendingChains,
     PrefixIndex,
     PrefixIndexError,
     TierCapacity,
@@ -104,6 +105,7 @@ class RoutingService:
         self.clock = clock
         self.block_bytes = block_size_bytes(settings.index.block_size_tokens, settings.index.bytes_per_token)
         self.served_models = set(settings.served_models())
+        self.pending = PendingChains()  # chains of the requests in flight, by backend
         self._index_degraded = False
         self._warned_at_s: float | None = None  # clock() of the last "unavailable" warning
         self._errors_since_warning = 0
@@ -190,6 +192,7 @@ class RoutingService:
             raise NoHealthyBackend(f"No healthy backend is serving `{parsed.model}` right now.")
         capacities = {s.id: self.capacity(s, parsed.model) for s in states}
         matches, index_ok = await self._match(parsed, capacities)
+        matches = self.pending.overlay(parsed.model, parsed.hashes, matches, capacities)
         tokens_per_block = self.tokens_per_block(parsed.model)
         features = RequestFeatures(
             model=parsed.model,
@@ -232,10 +235,16 @@ class RoutingService:
 
     # -- accounting ----------------------------------------------------------------------
     def charge(self, plan: RoutePlan, candidate: Candidate) -> Ticket:
-        """Charge a candidate's KV demand and prefill to its backend's ledger, now."""
+        """Charge a candidate's KV demand and prefill to its backend's ledger, now, and mark
+        its chain as in flight there (`prefix_index.pending`) until the request ends: its
+        prefill computes the chain into that backend's HBM, and vLLM does not evict the
+        blocks of a running request."""
         state = plan.states[candidate.backend_id]
         est = candidate.estimate
-        return Ticket(state, est.kv_demand_bytes, est.prefill_s)
+        model, hashes = plan.request.model, plan.request.hashes
+        self.pending.add(model, state.id, hashes)
+        return Ticket(state, est.kv_demand_bytes, est.prefill_s,
+                      on_finish=lambda: self.pending.remove(model, state.id, hashes))
 
     async def record(self, model: str, state: BackendState, hashes: list[int]) -> None:
         """The backend now caches this chain (its prefill ran): tell the index."""

@@ -6,6 +6,7 @@ Public surface (DESIGN.md §4)::
     hashing     bytes -> chained xxh3-64 block hashes, seeded by model and cache_salt
     base        PrefixIndex protocol, TierCapacity, BlockMatch, IndexStats
     memory_index / redis_index   the two implementations (same contract tests)
+    pending     chains routed but not yet prefilled, overlaid on the index's matches
     errors      PrefixIndexError tree
 
 Typical request path::
@@ -32,6 +33,7 @@ from prefix_index.hashing import (
     chain_seed,
 )
 from prefix_index.memory_index import MemoryPrefixIndex
+from prefix_index.pending import PendingChains
 from prefix_index.redis_index import RedisPrefixIndex
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "IndexStats",
     "IndexUnavailable",
     "MemoryPrefixIndex",
+    "PendingChains",
     "PrefixIndex",
     "PrefixIndexError",
     "RedisPrefixIndex",

@@ -9,7 +9,9 @@ one `router.types.BackendView` per backend, `router.decide.decide`. Each backend
 What the router sees is only what it would see live (DESIGN.md §2):
 - its own index, recorded when a request's first token comes back (as the gateway records
   after the first byte), with capacities from the scraped KV size and its bytes/token
-  estimate (`router.calibration.BytesPerToken`, fed each finished request's prompt tokens);
+  estimate (`router.calibration.BytesPerToken`, fed each finished request's prompt tokens),
+  overlaid with the chains of its requests in flight (`prefix_index.PendingChains`, held
+  in HBM on their backend from the decision to the finish, as the gateway does);
 - its own ledger, charged at decision time — in-flight count, (K+T+max_tokens)·B_kv of KV
   demand, predicted prefill seconds — with the prefill released at the first token and the
   rest at the finish (`gateway.pool.Ticket`);
@@ -43,7 +45,7 @@ from typing import Any, TypeVar
 
 from mock_vllm.engine import MockEngine, PromptTooLong
 from mock_vllm.types import StepResult
-from prefix_index import BlockMatch, MemoryPrefixIndex, TierCapacity
+from prefix_index import BlockMatch, MemoryPrefixIndex, PendingChains, TierCapacity
 from router import kappa
 from router.calibration import BytesPerToken
 from router.decide import decide
@@ -205,6 +207,7 @@ class Simulator:
         self._by_id = {b.config.id: b for b in self._backends}
         self._position = {b.config.id: i for i, b in enumerate(self._backends)}
         self._index = MemoryPrefixIndex()
+        self._pending = PendingChains()
         self._rng = random.Random(seed)
         self._calibration = BytesPerToken(fleet.bytes_per_token)
         self._block_bytes = fleet.block_size_bytes
@@ -280,6 +283,7 @@ class Simulator:
         capacities = {b.config.id: self._capacity(b, block_kv) for b in self._backends}
         hashes = req.hashes
         matches = run_now(self._index.match(model, hashes, capacities)) if len(hashes) else {}
+        matches = self._pending.overlay(model, hashes, matches, capacities)
         features = RequestFeatures(model=model, prompt_tokens=max(round(req.prompt_bytes / bytes_per_token), 1),
                                    max_tokens=req.max_tokens, prompt_blocks=len(hashes),
                                    block_size_tokens=tokens_per_block)
@@ -313,6 +317,7 @@ class Simulator:
         b.in_flight += 1
         b.kv_demand_bytes += est.kv_demand_bytes
         b.outstanding_prefill_s += est.prefill_s
+        self._pending.add(model, cand.backend_id, hashes)
         if b.first_add_s is None:
             b.first_add_s = now
         return self._position[cand.backend_id]
@@ -335,6 +340,7 @@ class Simulator:
                     b.recorded_blocks += len(act.hashes)
             if out.finished:
                 record.finish_s = now
+                self._pending.remove(self.model, b.config.id, act.hashes)
                 b.in_flight -= 1
                 b.kv_demand_bytes = max(b.kv_demand_bytes - act.kv_bytes, 0.0)
                 self._calibration.observe(self.model, act.prompt_bytes, out.prompt_tokens)

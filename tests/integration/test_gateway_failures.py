@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import ExitStack
 
 import httpx
@@ -184,3 +185,23 @@ def test_a_backend_serving_another_model_stays_out_of_rotation() -> None:
         for _ in range(3):
             assert post(gw.http, CHAT).headers["x-kappa-backend"] == "b"
         assert wrong.received == []
+
+
+def test_a_request_in_flight_makes_its_chain_visible_on_its_backend_until_it_ends() -> None:
+    # The backend hangs before the first byte, so the index never records the chain; the
+    # routing decision still knows the prefill in flight puts it in that backend's HBM.
+    body = {"model": MOCK_MODEL, "prompt": "in flight " * 400, "max_tokens": 1}
+    with run_fakes([Script(mode="hang")]) as urls, run_gateway(
+            [backend_doc("a", urls[0])], gateway={"upstream_first_byte_timeout_s": 2.0}) as gw:
+        def cached() -> int:
+            return gw.http.post("/v1/kappa/route", json=body).json()["candidates"][0]["cached_hbm_tokens"]
+
+        assert cached() == 0
+        answer: dict[str, int] = {}
+        sender = threading.Thread(target=lambda: answer.update(
+            status=gw.http.post("/v1/completions", json=body).status_code))
+        sender.start()
+        poll(lambda: cached() > 0, "the in-flight chain to show on its backend")
+        sender.join()
+        assert answer["status"] == 504
+        assert cached() == 0  # it ended without a first byte: nothing cached, nothing pending
