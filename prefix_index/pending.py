@@ -24,41 +24,43 @@ __all__ = ["PendingChains"]
 
 
 class PendingChains:
-    """Per (model, backend), a multiset of the block hashes of the requests in flight there."""
+    """Per (model, backend), the chains of the requests in flight there."""
 
     def __init__(self) -> None:
-        self._held: dict[tuple[str, str], dict[int, int]] = {}
+        self._chains: dict[tuple[str, str], list[Sequence[int]]] = {}
 
     def add(self, model: str, backend_id: str, hashes: Sequence[int]) -> None:
-        """A request carrying ``hashes`` was routed to ``backend_id``."""
-        if not hashes:
-            return
-        held = self._held.setdefault((model, backend_id), {})
-        for h in hashes:
-            held[h] = held.get(h, 0) + 1
+        """A request carrying ``hashes`` was routed to ``backend_id`` (keep the same object
+        for `remove`)."""
+        if len(hashes):
+            self._chains.setdefault((model, backend_id), []).append(hashes)
 
     def remove(self, model: str, backend_id: str, hashes: Sequence[int]) -> None:
-        """That request ended (finished, failed or was refused): undo one ``add``."""
-        held = self._held.get((model, backend_id))
-        if held is None:
+        """That request ended (finished, failed or was refused): undo its ``add``."""
+        chains = self._chains.get((model, backend_id))
+        if not chains:
             return
-        for h in hashes:
-            n = held.get(h, 0)
-            if n > 1:
-                held[h] = n - 1
-            elif n == 1:
-                del held[h]
-        if not held:
-            del self._held[(model, backend_id)]
+        for i, chain in enumerate(chains):
+            if chain is hashes:
+                del chains[i]
+                break
+        else:
+            for i, chain in enumerate(chains):
+                if chain == hashes:
+                    del chains[i]
+                    break
+        if not chains:
+            del self._chains[(model, backend_id)]
 
     def overlay(self, model: str, hashes: Sequence[int], matches: Mapping[str, BlockMatch],
                 backend_ids: Iterable[str]) -> dict[str, BlockMatch]:
         """The index's matches with pending chains counted as held in HBM.
 
-        A chain contains every block before each of its blocks (hashes are chained), so the
-        pending blocks of a backend form a prefix-closed set and the longest pending prefix
-        of ``hashes`` is found by binary search. Where it is longer than the index's match,
-        the in-flight prefill will have brought that whole prefix into HBM.
+        Two chains share block i only if they share every block before it (hashes are
+        chained), so the prefix a pending chain holds of ``hashes`` is found by binary
+        search on equal positions; most pending chains differ at block 0. Where the longest
+        such prefix is longer than the index's match, the in-flight prefill will have
+        brought it into HBM.
 
         Returns:
             backend id -> ``BlockMatch`` for every id in ``backend_ids`` (the index's own
@@ -66,10 +68,10 @@ class PendingChains:
         """
         out: dict[str, BlockMatch] = {}
         for backend_id in backend_ids:
-            match = matches.get(backend_id) or BlockMatch(0, 0, 0)
-            held = self._held.get((model, backend_id))
-            if held and hashes:
-                pending = _longest_prefix(hashes, held)
+            match = matches.get(backend_id) or _NO_MATCH
+            chains = self._chains.get((model, backend_id))
+            if chains and len(hashes):
+                pending = max(_common_prefix(hashes, chain) for chain in chains)
                 if pending > match.matched_blocks:
                     match = BlockMatch(pending, pending, 0)
                 elif pending > match.hbm_blocks:
@@ -78,19 +80,24 @@ class PendingChains:
         return out
 
     def __len__(self) -> int:
-        """Distinct (model, backend, block) entries pending."""
-        return sum(len(held) for held in self._held.values())
+        """Chains in flight, over all models and backends."""
+        return sum(len(chains) for chains in self._chains.values())
 
 
-def _longest_prefix(hashes: Sequence[int], held: Mapping[int, int]) -> int:
-    if hashes[-1] in held:
-        return len(hashes)
-    if hashes[0] not in held:
+_NO_MATCH = BlockMatch(0, 0, 0)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Blocks two chains share (equal hashes at the same depths, a prefix of both)."""
+    n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:
         return 0
-    lo, hi = 1, len(hashes) - 1  # hashes[lo - 1] held, hashes[hi] not
+    if a[n - 1] == b[n - 1]:
+        return n
+    lo, hi = 1, n - 1  # a[lo - 1] == b[lo - 1]; a[hi] != b[hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if hashes[mid - 1] in held:
+        if a[mid - 1] == b[mid - 1]:
             lo = mid
         else:
             hi = mid - 1
