@@ -67,6 +67,24 @@ async def index(request: pytest.FixtureRequest) -> AsyncIterator[PrefixIndex]:
         await client.aclose()
 
 
+OwnIndex = tuple[RedisPrefixIndex, redis.Redis]
+
+
+@pytest.fixture
+async def own_redis_index(redis_url: str, key_prefix: str) -> AsyncIterator[OwnIndex]:
+    """A RedisPrefixIndex with its own client, plus a plain client to act on Redis; keys removed after."""
+    index = RedisPrefixIndex.from_url(redis_url, key_prefix=key_prefix, timeout_s=CONTRACT_TIMEOUT_S)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield index, client
+    finally:
+        await index.aclose()
+        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
 async def test_empty_index_matches_nothing_on_every_backend(index: PrefixIndex) -> None:
     capacities = {b: ROOMY for b in ("b1", "b2", "b3")}
     assert await index.match("m1", chain(labels("a", 5)), capacities) == dict.fromkeys(capacities, ZERO)
@@ -376,94 +394,69 @@ async def test_redis_client_stays_usable_after_a_timeout(redis_url: str, key_pre
 
 
 @pytest.mark.redis
-async def test_redis_reloads_its_scripts_after_a_flush(redis_url: str, key_prefix: str) -> None:
-    index = RedisPrefixIndex.from_url(redis_url, key_prefix=key_prefix, timeout_s=CONTRACT_TIMEOUT_S)
-    client = redis.Redis.from_url(redis_url)
-    try:
-        a = chain(labels("a", 3))
-        await index.record("m1", "b1", a, ROOMY)
-        await client.script_flush()
-        await index.record("m1", "b2", a, ROOMY)
-        await client.script_flush()
-        result = await index.match("m1", a, {"b1": ROOMY, "b2": ROOMY})
-        assert result == {"b1": BlockMatch(3, 3, 0), "b2": BlockMatch(3, 3, 0)}
-    finally:
-        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
-        await index.aclose()
+async def test_redis_reloads_its_scripts_after_a_flush(own_redis_index: OwnIndex) -> None:
+    index, client = own_redis_index
+    a = chain(labels("a", 3))
+    await index.record("m1", "b1", a, ROOMY)
+    await client.script_flush()
+    await index.record("m1", "b2", a, ROOMY)
+    await client.script_flush()
+    result = await index.match("m1", a, {"b1": ROOMY, "b2": ROOMY})
+    assert result == {"b1": BlockMatch(3, 3, 0), "b2": BlockMatch(3, 3, 0)}
 
 
 @pytest.mark.redis
-async def test_redis_calls_of_one_loop_turn_go_out_as_one_batch(redis_url: str, key_prefix: str) -> None:
-    index = RedisPrefixIndex.from_url(redis_url, key_prefix=key_prefix, timeout_s=CONTRACT_TIMEOUT_S)
-    client = redis.Redis.from_url(redis_url)
-    try:
-        a, b = chain(labels("a", 6)), chain(labels("b", 3))
-        tight = TierCapacity(hbm_blocks=2, host_blocks=2)
-        coalescer = index._coalescer
-        sent = coalescer.batches_sent
-        # Queued in one turn: two records (b1 over a tight capacity), then matches that
-        # must see them (records run first in the batch), plus another model's match.
-        results = await asyncio.gather(
-            index.record("m1", "b1", a, tight),
-            index.record("m1", "b2", b, ROOMY),
-            index.match("m1", a, {"b1": tight, "b2": ROOMY}),
-            index.match("m1", b, {"b1": tight, "b2": ROOMY}),
-            index.match("m2", a, {"b1": ROOMY}),
-        )
-        assert coalescer.batches_sent - sent == 2  # one per model
-        # b1 keeps a's first 4 blocks (the head is the most recent), 2 of them in HBM
-        assert results[2] == {"b1": BlockMatch(4, 2, 2), "b2": ZERO}
-        assert results[3] == {"b1": ZERO, "b2": BlockMatch(3, 3, 0)}
-        assert results[4] == {"b1": ZERO}
-        # Sent alone, a call still answers; the registry learned both new keys.
-        assert (await index.match("m1", a[:2], {"b1": tight}))["b1"] == BlockMatch(2, 2, 0)
-        assert (await index.stats()).blocks_by_backend == {"b1": 4, "b2": 3}
-        await index.forget("b2")
-        assert (await index.stats()).blocks_by_backend == {"b1": 4}
-    finally:
-        await index.aclose()
-        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
+async def test_redis_calls_of_one_loop_turn_go_out_as_one_batch(own_redis_index: OwnIndex) -> None:
+    index, client = own_redis_index
+    a, b = chain(labels("a", 6)), chain(labels("b", 3))
+    tight = TierCapacity(hbm_blocks=2, host_blocks=2)
+    coalescer = index._coalescer
+    sent = coalescer.batches_sent
+    # Queued in one turn: two records (b1 over a tight capacity), then matches that
+    # must see them (records run first in the batch), plus another model's match.
+    results = await asyncio.gather(
+        index.record("m1", "b1", a, tight),
+        index.record("m1", "b2", b, ROOMY),
+        index.match("m1", a, {"b1": tight, "b2": ROOMY}),
+        index.match("m1", b, {"b1": tight, "b2": ROOMY}),
+        index.match("m2", a, {"b1": ROOMY}),
+    )
+    assert coalescer.batches_sent - sent == 2  # one per model
+    # b1 keeps a's first 4 blocks (the head is the most recent), 2 of them in HBM
+    assert results[2] == {"b1": BlockMatch(4, 2, 2), "b2": ZERO}
+    assert results[3] == {"b1": ZERO, "b2": BlockMatch(3, 3, 0)}
+    assert results[4] == {"b1": ZERO}
+    # Sent alone, a call still answers; the registry learned both new keys.
+    assert (await index.match("m1", a[:2], {"b1": tight}))["b1"] == BlockMatch(2, 2, 0)
+    assert (await index.stats()).blocks_by_backend == {"b1": 4, "b2": 3}
+    await index.forget("b2")
+    assert (await index.stats()).blocks_by_backend == {"b1": 4}
 
 
 @pytest.mark.redis
-async def test_redis_records_wait_behind_a_record_batch_in_flight_and_matches_do_not(
-        redis_url: str, key_prefix: str) -> None:
-    index = RedisPrefixIndex.from_url(redis_url, key_prefix=key_prefix, timeout_s=CONTRACT_TIMEOUT_S)
-    client = redis.Redis.from_url(redis_url)
-    try:
-        a, b = chain(labels("a", 5)), chain(labels("b", 5))
-        coalescer = index._coalescer
-        # A first batch that keeps Redis busy for milliseconds (a 20,000-block record).
-        slow = chain(labels("s", 20_000))
-        first = asyncio.ensure_future(index.record("m1", "b1", slow, TierCapacity(30_000, 0)))
-        while coalescer.batches_sent == 0:  # until the first batch is out, waiting for Redis
-            await asyncio.sleep(0)
-        assert not first.done()
-        sent, calls = coalescer.batches_sent, coalescer.calls_sent
-        given_up = asyncio.ensure_future(index.record("m1", "b3", a, ROOMY))
-        await asyncio.sleep(0)  # queued behind the record batch in flight ...
-        given_up.cancel()  # ... and its caller gives up (as a request past its deadline does)
-        later = [index.record("m1", "b1", a, ROOMY), index.record("m1", "b2", b, ROOMY),
-                 index.match("m1", b, {"b1": ROOMY, "b2": ROOMY})]
-        results = await asyncio.gather(first, *later)
-        # The match went at once, alone; the two live records went together once the first
-        # batch answered; the abandoned one never. (Whether Redis ran the match before the
-        # records depends on its connections: a match may see records issued after it.)
-        assert results[3]["b1"] == ZERO
-        assert coalescer.batches_sent - sent == 2
-        assert coalescer.calls_sent - calls == 3
-        assert coalescer.calls_abandoned == 1
-        assert await index.match("m1", b, {"b2": ROOMY, "b3": ROOMY}) == {"b2": BlockMatch(5, 5, 0), "b3": ZERO}
-        assert (await index.match("m1", slow[:3], {"b1": TierCapacity(30_000, 0)}))["b1"] == BlockMatch(3, 3, 0)
-    finally:
-        await index.aclose()
-        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
+async def test_redis_records_wait_behind_a_record_batch_in_flight_and_matches_do_not(own_redis_index: OwnIndex) -> None:
+    index, client = own_redis_index
+    a, b = chain(labels("a", 5)), chain(labels("b", 5))
+    coalescer = index._coalescer
+    # A first batch that keeps Redis busy for milliseconds (a 20,000-block record).
+    slow = chain(labels("s", 20_000))
+    first = asyncio.ensure_future(index.record("m1", "b1", slow, TierCapacity(30_000, 0)))
+    while coalescer.batches_sent == 0:  # until the first batch is out, waiting for Redis
+        await asyncio.sleep(0)
+    assert not first.done()
+    sent, calls = coalescer.batches_sent, coalescer.calls_sent
+    given_up = asyncio.ensure_future(index.record("m1", "b3", a, ROOMY))
+    await asyncio.sleep(0)  # queued behind the record batch in flight ...
+    given_up.cancel()  # ... and its caller gives up (as a request past its deadline does)
+    later = [index.record("m1", "b1", a, ROOMY), index.record("m1", "b2", b, ROOMY),
+             index.match("m1", b, {"b1": ROOMY, "b2": ROOMY})]
+    results = await asyncio.gather(first, *later)
+    # The match went at once, alone; the two live records went together once the first
+    # batch answered; the abandoned one never. (Whether Redis ran the match before the
+    # records depends on its connections: a match may see records issued after it.)
+    assert results[3]["b1"] == ZERO
+    assert coalescer.batches_sent - sent == 2
+    assert coalescer.calls_sent - calls == 3
+    assert coalescer.calls_abandoned == 1
+    assert await index.match("m1", b, {"b2": ROOMY, "b3": ROOMY}) == {"b2": BlockMatch(5, 5, 0), "b3": ZERO}
+    assert (await index.match("m1", slow[:3], {"b1": TierCapacity(30_000, 0)}))["b1"] == BlockMatch(3, 3, 0)
