@@ -198,8 +198,9 @@ class _Relay:
         if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
             series.ttft.observe(obs.ttft_s)
             fit = self.plan.states[backend].kappa_fit
-            fit.observe(new_tokens=c.new_tokens, cached_host_tokens=c.cached_host_tokens, ttft_s=obs.ttft_s,
-                        backend_idle=self.backend_idle)
+            if not c.cached_pool_tokens:  # the fit is of the host link; pool loads run at another rate
+                fit.observe(new_tokens=c.new_tokens, cached_host_tokens=c.cached_host_tokens, ttft_s=obs.ttft_s,
+                            backend_idle=self.backend_idle)
             measured = fit.kappa_crit()
             if measured is not None:
                 t.kappa_crit.labels(backend, "measured").set(measured)
@@ -209,6 +210,8 @@ class _Relay:
         series.kappa_ratio.observe(est.kappa_ratio)
         series.cached_hbm_tokens.inc(c.cached_hbm_tokens)
         series.cached_host_tokens.inc(c.cached_host_tokens)
+        if c.cached_pool_tokens:
+            series.cached_pool_tokens.inc(c.cached_pool_tokens)
         series.new_tokens.inc(c.new_tokens)
         if obs.usage:
             gw.routing.observe_usage(self.plan, c, obs.usage)

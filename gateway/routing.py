@@ -10,6 +10,7 @@ per outage), never the request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -26,6 +27,7 @@ from gateway.telemetry import Telemetry
 from prefix_index import (
     BlockMatch,
     CanonicalizationError,
+    POOL_ID,
     PendingChains,
     PrefixIndex,
     PrefixIndexError,
@@ -36,8 +38,11 @@ from prefix_index import (
     chain_seed,
     chat_canonical_bytes,
     completion_canonical_bytes,
+    pool_capacity,
+    with_pool,
 )
 from router import kappa
+from router.profiles import GB
 from router.calibration import BytesPerToken
 from router.decide import decide
 from router.policies import Policy
@@ -106,6 +111,8 @@ class RoutingService:
         self.block_bytes = block_size_bytes(settings.index.block_size_tokens, settings.index.bytes_per_token)
         self.served_models = set(settings.served_models())
         self.pending = PendingChains()  # chains of the requests in flight, by backend
+        # A KV store the fleet shares (config kv_pool): its chains live in the index under POOL_ID.
+        self.pool_bytes = settings.kv_pool.capacity_gb * GB if settings.kv_pool is not None else None
         self._index_degraded = False
         self._warned_at_s: float | None = None  # clock() of the last "unavailable" warning
         self._errors_since_warning = 0
@@ -178,6 +185,13 @@ class RoutingService:
         self._capacities[(state.id, model)] = (inputs, capacity)
         return capacity
 
+    def pool_capacity(self, state: BackendState, model: str) -> TierCapacity | None:
+        """The shared KV pool's capacity in index blocks of ``model`` (None without a pool);
+        ``state`` is any backend serving it (for B_kv)."""
+        if self.pool_bytes is None:
+            return None
+        return pool_capacity(self.pool_bytes, self.tokens_per_block(model) * kappa.b_kv_bytes(state.spec.model))
+
     def tokens_per_block(self, model: str) -> float:
         return self.block_bytes / self.calibration.get(model)
 
@@ -191,8 +205,12 @@ class RoutingService:
         if not states:
             raise NoHealthyBackend(f"No healthy backend is serving `{parsed.model}` right now.")
         capacities = {s.id: self.capacity(s, parsed.model) for s in states}
-        matches, index_ok = await self._match(parsed, capacities)
-        matches = self.pending.overlay(parsed.model, parsed.hashes, matches, capacities)
+        pool = self.pool_capacity(states[0], parsed.model)
+        lookup = capacities if pool is None else {**capacities, POOL_ID: pool}
+        matches, index_ok = await self._match(parsed, lookup)
+        matches = self.pending.overlay(parsed.model, parsed.hashes, matches, lookup)
+        if pool is not None:
+            matches = with_pool(matches, capacities)
         tokens_per_block = self.tokens_per_block(parsed.model)
         features = RequestFeatures(
             model=parsed.model,
@@ -226,7 +244,7 @@ class RoutingService:
         return BackendView(
             backend_id=state.id, spec=state.spec,
             matched_blocks=match.matched_blocks, hbm_blocks=match.hbm_blocks, host_blocks=match.host_blocks,
-            cached_blocks=min(state.recorded_blocks, capacity.total_blocks),
+            pool_blocks=match.pool_blocks, cached_blocks=min(state.recorded_blocks, capacity.total_blocks),
             in_flight=state.in_flight, kv_demand_bytes=state.kv_demand_bytes,
             outstanding_prefill_s=state.outstanding_prefill_s, kv_capacity_bytes=state.kv_capacity_bytes,
             num_requests_waiting=m.num_requests_waiting, num_requests_running=m.num_requests_running,
@@ -247,12 +265,18 @@ class RoutingService:
                       on_finish=lambda: self.pending.remove(model, state.id, hashes))
 
     async def record(self, model: str, state: BackendState, hashes: list[int]) -> None:
-        """The backend now caches this chain (its prefill ran): tell the index."""
+        """The backend now caches this chain (its prefill ran), and so does the shared KV pool
+        if there is one (the backend writes through to it): tell the index."""
         if not hashes:
             return
         start = self.clock()
+        pool = self.pool_capacity(state, model)
         try:
-            await self.index.record(model, state.id, hashes, self.capacity(state, model))
+            if pool is None:
+                await self.index.record(model, state.id, hashes, self.capacity(state, model))
+            else:  # both in the same event-loop turn: one batched index call
+                await asyncio.gather(self.index.record(model, state.id, hashes, self.capacity(state, model)),
+                                     self.index.record(model, POOL_ID, hashes, pool))
         except PrefixIndexError as exc:
             self._degraded("record", exc)
             return

@@ -6,8 +6,9 @@ One file per deployment (``config/fleet.local.yaml`` is the example)::
     index:    {backend: memory|redis, redis_url, key_prefix, timeout_s, block_size_tokens, bytes_per_token}
     routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed}
     models:   {served name: {profile: catalog name}}          (optional; default: catalog names)
+    kv_pool:  {capacity_gb, link_gb_s_per_gpu}                (optional: a KV store the fleet shares)
     backends: [{id, url, model, hardware, power_cap_w, tensor_parallel, host_tier_gb,
-                host_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels}]
+                host_link_gb_s, pool_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels}]
 
 Parsing is strict: an unknown key or a bad value fails at start-up with its path
 (``backends[2].hardware: unknown hardware 'h300'``), never a silent default (STYLE.md B7).
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.errors import ConfigError
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
-from router.cost import BackendSpec
+from router.cost import BackendSpec, pool_link_gb_s
 from router.policies import POLICY_NAMES, PolicyConfigError, build_policy
 from router.profiles import Catalog, ModelProfile
 
@@ -87,6 +88,27 @@ class RoutingSection(_Strict):
         return self
 
 
+# Sustained pool → GPU bandwidth per GPU when the config gives none: one 400 Gb/s NIC per GPU
+# (HGX H100/B200 nodes carry 8 × ConnectX-7) at half its 50 GB/s line rate. An assumption
+# to replace with a measured figure, like the host link's 15 GB/s (DESIGN.md §3).
+DEFAULT_POOL_LINK_GB_S_PER_GPU = 25.0
+
+
+class KvPoolSection(_Strict):
+    """A KV store every backend shares (Mooncake Store, an LMCache remote backend, Dynamo's
+    shared tiers): each backend writes the blocks it prefills there and may load any prefix
+    block found there. ``kappa-gateway mock-fleet`` models it with one pool shared by its mocks.
+
+    Attributes:
+        capacity_gb: pool size, GB (10^9 bytes), > 0; least recently used blocks go first.
+        link_gb_s_per_gpu: sustained pool → HBM bandwidth per GPU, GB/s; a backend's pool
+            link is min(this, its host link per GPU) × TP unless it sets ``pool_link_gb_s``.
+    """
+
+    capacity_gb: float = Field(gt=0)
+    link_gb_s_per_gpu: float = Field(default=DEFAULT_POOL_LINK_GB_S_PER_GPU, gt=0)
+
+
 class ModelEntry(_Strict):
     profile: str
 
@@ -102,6 +124,8 @@ class BackendEntry(_Strict):
     tensor_parallel: int = Field(default=1, ge=1)
     host_tier_gb: float = Field(default=0.0, ge=0)
     host_link_gb_s: float | None = Field(default=None, gt=0)
+    # Sustained pool -> HBM bandwidth of the whole TP group, GB/s; only with a kv_pool section.
+    pool_link_gb_s: float | None = Field(default=None, gt=0)
     overlap_host_load: bool = True
     # vLLM --num-gpu-blocks-override (16-token blocks): a KV cache smaller than HBM allows.
     num_gpu_blocks_override: int | None = Field(default=None, ge=1)
@@ -129,7 +153,15 @@ class Settings(_Strict):
     index: IndexSection = Field(default_factory=IndexSection)
     routing: RoutingSection = Field(default_factory=RoutingSection)
     models: dict[str, ModelEntry] = Field(default_factory=dict)
+    kv_pool: KvPoolSection | None = None
     backends: list[BackendEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _pool_link_needs_pool(self) -> Settings:
+        for i, b in enumerate(self.backends):
+            if b.pool_link_gb_s is not None and self.kv_pool is None:
+                raise ValueError(f"backends[{i}].pool_link_gb_s is set but there is no kv_pool section")
+        return self
 
     def model_profile(self, catalog: Catalog, served_name: str) -> ModelProfile:
         """The catalog profile behind a served model name."""
@@ -137,14 +169,21 @@ class Settings(_Strict):
         return catalog.model(entry.profile if entry else served_name)
 
     def backend_spec(self, catalog: Catalog, backend: BackendEntry) -> BackendSpec:
-        """The router's static figures for one backend."""
+        """The router's static figures for one backend (its pool link derived as `KvPoolSection` says)."""
+        hardware = catalog.hw(backend.hardware)
+        pool_link = None
+        if self.kv_pool is not None:
+            pool_link = backend.pool_link_gb_s or pool_link_gb_s(
+                hardware, backend.tensor_parallel, link_gb_s_per_gpu=self.kv_pool.link_gb_s_per_gpu,
+                host_link_gb_s=backend.host_link_gb_s)
         return BackendSpec(
             model=self.model_profile(catalog, backend.model),
-            hardware=catalog.hw(backend.hardware),
+            hardware=hardware,
             power_cap_w=backend.power_cap_w,
             tensor_parallel=backend.tensor_parallel,
             host_link_gb_s=backend.host_link_gb_s,
             overlap_host_load=backend.overlap_host_load,
+            pool_link_gb_s=pool_link,
         )
 
     def served_models(self) -> list[str]:

@@ -10,11 +10,13 @@ What it models (DESIGN.md §5):
   within ``max_num_seqs`` and a ``max_num_batched_tokens`` budget (chunked prefill); when
   KV blocks run out for a running request, the most recently admitted one is preempted
   (its blocks freed, recomputed later).
-- The paged prefix cache and host tier of `mock_vllm.kv_cache`; hits count whole blocks
-  and are capped at prompt − 1 tokens, as vLLM does.
+- The paged prefix cache, host tier and (optional) fleet-shared KV pool of
+  `mock_vllm.kv_cache`; hits count whole blocks and are capped at prompt − 1 tokens, as
+  vLLM does.
 - Step time from the backend's profile (a roofline, `router.cost.BackendSpec` figures):
   compute = FLOPs / C_eff (FLOPs from `router.kappa.prefill_flops`), HBM = (weights read +
-  KV read) / HBM bandwidth, load = host-tier KV bytes / sustained link bandwidth;
+  KV read) / HBM bandwidth, load = host-tier KV bytes / sustained link bandwidth + pool
+  KV bytes / pool link bandwidth (`BackendSpec.pool_link_bytes_per_s`);
   duration = max(compute, HBM, load) when loads overlap compute, else max(compute, HBM) + load.
   Weights read per step: `router.cost.weights_read_bytes` (all of a dense model; the
   experts a batch touches of an MoE).
@@ -30,7 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, prompt_block_hashes
+from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, SharedKVPool, prompt_block_hashes
 from mock_vllm.types import EngineConfig, EngineStats, RequestOutput, StepResult
 from router import kappa
 from router.cost import DECODE_POWER_UTILISATION, BackendSpec, weights_read_bytes
@@ -63,6 +65,7 @@ class _Request:
     generated: int = 0
     cached_tokens: int = 0  # prefix hit at the latest admission
     cached_host_tokens: int = 0
+    cached_pool_tokens: int = 0
     admitted: bool = False  # scheduled at least once (a preempted request is re-admitted)
     held_hashes: list[int] = field(default_factory=list)  # cached blocks referenced, in order
     anonymous_blocks: int = 0
@@ -82,12 +85,17 @@ class MockEngine:
     Args:
         backend: model, hardware and deployment figures (`router.cost.BackendSpec`).
         config: vLLM engine settings (`EngineConfig`).
+        pool: the fleet-shared KV pool this engine writes through to and loads from
+            (``None``: none); the backend's ``pool_link_gb_s`` must then be set.
 
     Raises:
-        ValueError: the weights leave no HBM for even one KV block.
+        ValueError: the weights leave no HBM for even one KV block, or a pool without a pool link.
     """
 
-    def __init__(self, backend: BackendSpec, config: EngineConfig | None = None) -> None:
+    def __init__(self, backend: BackendSpec, config: EngineConfig | None = None,
+                 pool: SharedKVPool | None = None) -> None:
+        if pool is not None and not backend.pool_link_bytes_per_s:
+            raise ValueError("an engine on a shared KV pool needs the backend's pool_link_gb_s")
         self.backend = backend
         self.config = config = config or EngineConfig()
         model = backend.model
@@ -97,7 +105,7 @@ class MockEngine:
         num_gpu_blocks = config.num_gpu_blocks_override or int((kv_budget - model.weight_bytes) // self.block_bytes)
         if num_gpu_blocks < 1:
             raise ValueError(f"{model.name} weights leave no KV memory on {backend.hardware.name}")
-        self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes))
+        self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes), pool)
         self.max_model_len_tokens = min(config.max_model_len_tokens or model.max_model_len_tokens,
                                         num_gpu_blocks * self.block_size)
         self.stats = EngineStats(num_gpu_blocks=num_gpu_blocks, num_host_blocks=self.cache.num_host_blocks)
@@ -190,7 +198,7 @@ class MockEngine:
             raise RuntimeError("step() with no unfinished requests")
         budget = self.config.max_num_batched_tokens
         work: list[tuple[_Request, int]] = []  # (request, tokens scheduled this step)
-        load_bytes = 0.0
+        host_bytes = pool_bytes = 0.0
         for req in list(self._running):
             if req not in self._running:
                 continue  # preempted earlier in this loop
@@ -203,21 +211,26 @@ class MockEngine:
             admitted = self._admit(self._waiting[0], budget)
             if admitted is None:
                 break
-            req, tokens, loaded = admitted
+            req, tokens, host_loaded, pool_loaded = admitted
             self._waiting.popleft()
             self._running.append(req)
             work.append((req, tokens))
             budget -= tokens
-            load_bytes += loaded
+            host_bytes += host_loaded
+            pool_bytes += pool_loaded
         if not work:
             raise RuntimeError("no request could be scheduled (KV cache too small for the head of the queue)")
-        return self._run(now_s, work, load_bytes)
+        return self._run(now_s, work, host_bytes, pool_bytes)
 
-    def _admit(self, req: _Request, budget: int) -> tuple[_Request, int, float] | None:
-        """Find the prefix hit, reference it, allocate the first chunk; None if KV is short."""
+    def _admit(self, req: _Request, budget: int) -> tuple[_Request, int, float, float] | None:
+        """Find the prefix hit, reference it, allocate the first chunk; None if KV is short.
+
+        Returns the request, its tokens this step and the KV bytes it loads from the host
+        tier and from the pool.
+        """
         max_hit_blocks = (req.prefill_target - 1) // self.block_size
-        hbm_blocks, host_blocks = self.cache.match(req.hashes, max_hit_blocks)
-        hit = req.hashes[: hbm_blocks + host_blocks]
+        hbm_blocks, host_blocks, pool_blocks = self.cache.match(req.hashes, max_hit_blocks)
+        hit = req.hashes[: hbm_blocks + host_blocks + pool_blocks]
         computed = len(hit) * self.block_size
         tokens = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + tokens) / self.block_size) - len(hit)
@@ -234,16 +247,18 @@ class MockEngine:
             req.admitted = True
             req.cached_tokens = req.computed
             req.cached_host_tokens = host_blocks * self.block_size
+            req.cached_pool_tokens = pool_blocks * self.block_size
         s = self.stats
+        loaded_tokens = (host_blocks + pool_blocks) * self.block_size
         s.prefix_cache_queries_tokens += req.prefill_target
         s.prefix_cache_hits_tokens += req.computed
-        if self.cache.num_host_blocks:
+        if self.cache.num_host_blocks or self.cache.pool is not None:
             s.external_prefix_cache_queries_tokens += req.prompt_len - hbm_blocks * self.block_size
-            s.external_prefix_cache_hits_tokens += req.cached_host_tokens
+            s.external_prefix_cache_hits_tokens += loaded_tokens
         s.prompt_tokens_by_source["local_compute"] += req.prefill_target - req.computed
         s.prompt_tokens_by_source["local_cache_hit"] += hbm_blocks * self.block_size
-        s.prompt_tokens_by_source["external_kv_transfer"] += host_blocks * self.block_size
-        return req, tokens, host_blocks * self.block_bytes
+        s.prompt_tokens_by_source["external_kv_transfer"] += loaded_tokens
+        return req, tokens, host_blocks * self.block_bytes, pool_blocks * self.block_bytes
 
     def _grow(self, req: _Request, tokens: int, scheduled: list[tuple[_Request, int]]) -> bool:
         """Allocate blocks for ``tokens`` more tokens, preempting the newest running requests if needed."""
@@ -275,7 +290,7 @@ class MockEngine:
         self.cache.release(req.held_hashes, req.anonymous_blocks)
         req.held_hashes, req.anonymous_blocks = [], 0
 
-    def _run(self, now_s: float, work: list[tuple[_Request, int]], load_bytes: float) -> StepResult:
+    def _run(self, now_s: float, work: list[tuple[_Request, int]], host_bytes: float, pool_bytes: float) -> StepResult:
         model, backend = self.backend.model, self.backend
         flops = kv_read = 0.0
         prefill_tokens = decode_tokens = 0
@@ -290,13 +305,17 @@ class MockEngine:
         weights_read = weights_read_bytes(model, prefill_tokens + decode_tokens)
         compute_s = flops / backend.c_eff_flops_per_s
         hbm_s = (weights_read + kv_read) / backend.hbm_bandwidth_bytes_per_s
-        load_s = load_bytes / backend.link_bytes_per_s
+        load_s = host_bytes / backend.link_bytes_per_s
+        if pool_bytes:
+            load_s += pool_bytes / backend.pool_link_bytes_per_s
+        load_bytes = host_bytes + pool_bytes
         base = max(compute_s, hbm_s)
         duration = max(base, load_s) if backend.overlap_host_load else base + load_s
         utilisation = max(compute_s, DECODE_POWER_UTILISATION * hbm_s) / duration
         self._dynamic_energy_j += (backend.power_w(utilisation) - backend.idle_power_w) * duration
         outputs = tuple(out for req, tokens in work if (out := self._advance(req, tokens)) is not None)
-        self.stats.host_kv_loaded_bytes_total += load_bytes
+        self.stats.host_kv_loaded_bytes_total += host_bytes
+        self.stats.pool_kv_loaded_bytes_total += pool_bytes
         self._refresh_gauges()
         result = StepResult(now_s, duration, outputs, compute_s, hbm_s, load_s, load_bytes,
                             prefill_tokens, decode_tokens, utilisation)
@@ -323,7 +342,8 @@ class MockEngine:
             del self._requests[req.request_id]
             self.stats.request_success_total["length"] += 1
         return RequestOutput(req.request_id, (token_id,), req.prompt_len, req.cached_tokens,
-                             req.cached_host_tokens, req.generated, finished, "length" if finished else None)
+                             req.cached_host_tokens, req.generated, finished, "length" if finished else None,
+                             req.cached_pool_tokens)
 
     def _seal_full_blocks(self, req: _Request, computed_before: int) -> None:
         """Name the prompt blocks this chunk completed by their hashes (they become cacheable)."""

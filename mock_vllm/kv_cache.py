@@ -6,7 +6,10 @@ hash of its tokens (the first block seeded by ``cache_salt``), so a later reques
 prompt starts with the same tokens finds it; blocks no running request references stay
 cached but are free to evict, least recently used first. Evicted blocks go to the host
 tier when there is one (LMCache/vLLM offloading-connector style), itself LRU; a prefix hit
-there must be loaded back into HBM before use.
+there must be loaded back into HBM before use. A `SharedKVPool` models a KV store shared by
+the fleet (Mooncake Store, an LMCache remote backend, Dynamo's shared tiers): every block a
+prefill completes is written through to it, and any engine sharing it may load a prefix
+block it holds itself in neither HBM nor its host tier.
 
 Only counts and hashes are kept, not block ids: nothing here needs to know *where* a block
 lives, only whether it is resident, referenced, or free.
@@ -41,19 +44,70 @@ def prompt_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: s
     return hashes
 
 
+class SharedKVPool:
+    """A fleet-shared KV store: block hashes, least recently used evicted past ``num_blocks``.
+
+    One object is shared by the engines of a fleet (the mock fleet's servers, the
+    simulator's engines); it keeps hashes only, as `PagedKVCache` does. Engines sharing a
+    pool must name blocks alike (same block size and model).
+
+    Args:
+        num_blocks: capacity in KV blocks, ≥ 1.
+
+    Raises:
+        ValueError: ``num_blocks`` < 1.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError("a KV pool needs num_blocks >= 1")
+        self.num_blocks = num_blocks
+        self._lru: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self.stored_blocks_total = 0
+        self.loaded_blocks_total = 0
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._lru
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def store(self, block_hash: int) -> None:
+        """Write one block (most recent); the least recently used go past capacity."""
+        lru = self._lru
+        if block_hash in lru:
+            lru.move_to_end(block_hash)
+            return
+        lru[block_hash] = None
+        self.stored_blocks_total += 1
+        if len(lru) > self.num_blocks:
+            lru.popitem(last=False)
+
+    def load(self, block_hash: int) -> None:
+        """An engine read this block (it becomes most recent)."""
+        self._lru.move_to_end(block_hash)
+        self.loaded_blocks_total += 1
+
+    def clear(self) -> None:
+        self._lru.clear()
+
+
 class PagedKVCache:
     """Block accounting for one engine: HBM blocks (cached, referenced, anonymous, free) and host blocks.
 
     Args:
         num_gpu_blocks: HBM blocks for KV (vLLM's ``num_gpu_blocks``), ≥ 1.
         num_host_blocks: host-tier blocks (0 = no offloading), ≥ 0.
+        pool: a fleet-shared KV pool this cache writes its prefilled blocks to and loads
+            misses from (``None``: none).
     """
 
-    def __init__(self, num_gpu_blocks: int, num_host_blocks: int = 0) -> None:
+    def __init__(self, num_gpu_blocks: int, num_host_blocks: int = 0, pool: SharedKVPool | None = None) -> None:
         if num_gpu_blocks < 1 or num_host_blocks < 0:
             raise ValueError("num_gpu_blocks must be >= 1 and num_host_blocks >= 0")
         self.num_gpu_blocks = num_gpu_blocks
         self.num_host_blocks = num_host_blocks
+        self.pool = pool
         self._refs: dict[int, int] = {}  # cached (hashed) HBM blocks -> reference count
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with refs 0, LRU first
         self._anonymous = 0  # referenced blocks with no hash (partial or generated tokens)
@@ -70,21 +124,24 @@ class PagedKVCache:
         """vLLM's ``kv_cache_usage_perc``: 1 − free/total, a fraction in [0, 1]."""
         return 1.0 - self.num_free_blocks / self.num_gpu_blocks
 
-    def match(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
-        """Longest cached prefix of ``hashes`` (at most ``max_blocks``): (HBM blocks, host blocks).
+    def match(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int, int]:
+        """Longest cached prefix of ``hashes`` (at most ``max_blocks``): (HBM, host, pool blocks).
 
         The prefix is contiguous; each block is counted in HBM if resident there, else in
-        the host tier. Nothing is touched or referenced.
+        the host tier, else in the shared pool. Nothing is touched or referenced.
         """
-        hbm = host = 0
+        hbm = host = pool = 0
+        refs, local_host, shared = self._refs, self._host, self.pool
         for h in hashes[:max_blocks]:
-            if h in self._refs:
+            if h in refs:
                 hbm += 1
-            elif h in self._host:
+            elif h in local_host:
                 host += 1
+            elif shared is not None and h in shared:
+                pool += 1
             else:
                 break
-        return hbm, host
+        return hbm, host, pool
 
     def blocks_needed_to_admit(self, hashes: Sequence[int]) -> int:
         """Free blocks that referencing ``hashes`` (a prefix found by `match`) would use up.
@@ -101,7 +158,7 @@ class PagedKVCache:
 
     # -- changes -------------------------------------------------------------------------
     def acquire_cached(self, hashes: Sequence[int]) -> None:
-        """Reference prefix blocks found by `match`; host-tier ones are loaded into HBM first.
+        """Reference prefix blocks found by `match`; host-tier and pool ones are loaded into HBM first.
 
         Raises:
             OutOfBlocks: loading the host-tier blocks needs more free HBM blocks than there are
@@ -114,7 +171,10 @@ class PagedKVCache:
             if h in self._refs:
                 self._touch_ref(h)
         for h in to_load:  # most recent in the host tier, so evictions below cannot drop them
-            self._host.move_to_end(h)
+            if h in self._host:
+                self._host.move_to_end(h)
+            else:
+                self.pool.load(h)  # type: ignore[union-attr]  # `match` found it there
         for h in to_load:
             self._evict_one_if_needed()
             self._refs[h] = 1
@@ -135,6 +195,8 @@ class PagedKVCache:
         block is then released and the cached one referenced instead (vLLM deduplicates).
         """
         self._anonymous -= 1
+        if self.pool is not None:
+            self.pool.store(block_hash)  # write-through on prefill (LMCache's store, Mooncake's put)
         if block_hash in self._refs:
             self._touch_ref(block_hash)
             return False
@@ -152,7 +214,10 @@ class PagedKVCache:
                 self._evictable[h] = None
 
     def reset(self) -> None:
-        """Forget every cached block (``POST /reset_prefix_cache``); only valid when none is referenced."""
+        """Forget every cached block (``POST /reset_prefix_cache``); only valid when none is referenced.
+
+        The shared pool is not this engine's to clear: other engines use it.
+        """
         if self._anonymous or len(self._evictable) != len(self._refs):
             raise RuntimeError("reset with referenced blocks")
         self._refs.clear()

@@ -52,8 +52,9 @@ class RequestOutput:
     """What one request produced in one step (visible at the step's end).
 
     ``cached_tokens`` is the prefix hit found when the request was scheduled (HBM plus
-    host tier, capped at prompt − 1 as vLLM does); ``cached_host_tokens`` the part of it
-    loaded from the host tier.
+    host tier and shared pool, capped at prompt − 1 as vLLM does); ``cached_host_tokens``
+    the part of it loaded from the host tier, ``cached_pool_tokens`` the part loaded from
+    the fleet-shared KV pool.
     """
 
     request_id: str
@@ -64,6 +65,7 @@ class RequestOutput:
     completion_tokens: int
     finished: bool
     finish_reason: str | None = None  # "length" (EOS is ignored) or "abort"
+    cached_pool_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ class EngineStats:
 
     Token counters count prompt tokens; ``prompt_tokens_by_source`` splits them into
     ``local_compute`` (prefilled), ``local_cache_hit`` (HBM hit) and ``external_kv_transfer``
-    (loaded from the host tier).
+    (loaded from the host tier or the shared pool: vLLM's KV connector, either way).
     """
 
     num_requests_running: int = 0
@@ -116,4 +118,5 @@ class EngineStats:
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
     host_kv_loaded_bytes_total: float = 0.0
+    pool_kv_loaded_bytes_total: float = 0.0
     request_success_total: dict[str, int] = field(default_factory=lambda: {"length": 0, "abort": 0})

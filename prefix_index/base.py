@@ -76,13 +76,15 @@ class BlockMatch:
     Attributes:
         matched_blocks: length of the longest cached prefix, in blocks from block 0.
         hbm_blocks: how many of those are in HBM (recency rank < HBM capacity).
-        host_blocks: how many are in the host tier; ``hbm_blocks + host_blocks ==
-            matched_blocks``.
+        host_blocks: how many are in the host tier.
+        pool_blocks: how many, past the backend's own, only a fleet-shared KV pool holds
+            (`prefix_index.pool`); ``hbm_blocks + host_blocks + pool_blocks == matched_blocks``.
     """
 
     matched_blocks: int
     hbm_blocks: int
     host_blocks: int
+    pool_blocks: int = 0
 
 
 NO_MATCH = BlockMatch(0, 0, 0)

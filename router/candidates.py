@@ -22,8 +22,8 @@ from router.types import BackendView, Candidate, RequestFeatures
 def build_candidates(features: RequestFeatures, views: Sequence[BackendView]) -> list[Candidate]:
     """One `Candidate` per view, in the views' order.
 
-    K per tier = matched index blocks × tokens per block, capped so that at least one
-    prompt token is computed (vLLM caps hits at P − 1); T = P − K. The queue wait fed to
+    K per tier (HBM, host tier, fleet-shared pool) = matched index blocks × tokens per block,
+    capped so that at least one prompt token is computed (vLLM caps hits at P − 1); T = P − K. The queue wait fed to
     the cost model is the view's outstanding prefill seconds (the gateway's ledger).
     """
     prompt = max(features.prompt_tokens, 1)
@@ -31,11 +31,12 @@ def build_candidates(features: RequestFeatures, views: Sequence[BackendView]) ->
     for view in views:
         hbm = min(int(view.hbm_blocks * features.block_size_tokens), prompt - 1)
         host = min(int(view.host_blocks * features.block_size_tokens), prompt - 1 - hbm)
-        new = prompt - hbm - host
+        pool = min(int(view.pool_blocks * features.block_size_tokens), prompt - 1 - hbm - host)
+        new = prompt - hbm - host - pool
         estimate = predict(
-            RequestShape(hbm, host, new, max(features.max_tokens, 1)), view.spec,
+            RequestShape(hbm, host, new, max(features.max_tokens, 1), pool), view.spec,
             queue_wait_s=view.outstanding_prefill_s,
         )
         admitted = estimate.kv_demand_bytes <= view.free_kv_bytes
-        out.append(Candidate(view.backend_id, hbm, host, new, estimate, admitted))
+        out.append(Candidate(view.backend_id, hbm, host, new, estimate, admitted, pool))
     return out

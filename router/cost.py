@@ -4,7 +4,9 @@ The κ quantities come from `router.kappa`; this module turns them into seconds 
 for a concrete backend (DESIGN.md §3, "Cost of a request on backend b, tiers explicit"):
 
     t_compute = prefill_flops(K, T) / C_eff
-    t_load    = kv_bytes(K_host) / BW_link        (KV in HBM is read in place, not loaded)
+    t_load    = kv_bytes(K_host) / BW_link + kv_bytes(K_pool) / BW_pool
+                (KV in HBM is read in place, not loaded; K_pool: blocks found only in a
+                 fleet-shared KV pool, loaded at that pool's bandwidth into this backend)
     t_hbm     = (weights read + kv_bytes(K + T)) / HBM bandwidth   (the floor of a short prefill)
     prefill   = max(t_compute, t_hbm, t_load)   when the backend overlaps loads with compute
                                          (layer-wise, LMCache-style), else max(t_compute, t_hbm) + t_load
@@ -40,6 +42,20 @@ def weights_read_bytes(model: ModelProfile, batch_tokens: float) -> float:
     return k.model_constants(model).weights_read_bytes(batch_tokens)
 
 
+def pool_link_gb_s(hardware: HardwareProfile, tensor_parallel: int, *, link_gb_s_per_gpu: float,
+                   host_link_gb_s: float | None = None) -> float:
+    """Sustained bandwidth from a fleet-shared KV pool into a backend's HBM, GB/s for its TP group.
+
+    min(the pool network's ``link_gb_s_per_gpu``, the host link per GPU) × TP: the pool's
+    bytes arrive over the network and then cross the GPU's own host link (PCIe, or
+    NVLink-C2C on Grace Hopper), whichever is slower. ``host_link_gb_s`` is the backend's
+    measured override for its whole TP group (else the profile's sustained figure).
+    """
+    per_gpu_host = (host_link_gb_s / tensor_parallel if host_link_gb_s is not None
+                    else hardware.host_link_sustained_bytes_per_s / GB)
+    return min(link_gb_s_per_gpu, per_gpu_host) * tensor_parallel
+
+
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
     """A backend's static figures: model, hardware and deployment settings.
@@ -50,8 +66,11 @@ class BackendSpec:
         tensor_parallel: GPUs in the TP group (compute, HBM bytes and bandwidth scale by it).
         host_link_gb_s: measured sustained host→HBM bandwidth in GB/s, overriding the profile's.
         overlap_host_load: loads overlap compute (max) or precede it (sum).
+        pool_link_gb_s: sustained bandwidth from the fleet-shared KV pool into this backend's
+            HBM, GB/s for the whole TP group (``None``: no pool); `pool_link_gb_s` derives it.
 
-    The derived fields (``c_eff_flops_per_s``, ``link_bytes_per_s``, ``kappa_hw``,
+    The derived fields (``c_eff_flops_per_s``, ``link_bytes_per_s``, ``pool_link_bytes_per_s``
+    (0 without a pool), ``kappa_hw``,
     ``kappa_crit``, ``max_power_w``, ``idle_power_w``, ``hbm_bandwidth_bytes_per_s``) are
     computed once at construction: the router reads them for every candidate.
     """
@@ -62,8 +81,10 @@ class BackendSpec:
     tensor_parallel: int = 1
     host_link_gb_s: float | None = None
     overlap_host_load: bool = True
+    pool_link_gb_s: float | None = None
     c_eff_flops_per_s: float = field(init=False)
     link_bytes_per_s: float = field(init=False)
+    pool_link_bytes_per_s: float = field(init=False)
     kappa_hw: float = field(init=False)
     kappa_crit: float = field(init=False)
     max_power_w: float = field(init=False)  # P_max = min(power cap, TDP) × TP, W
@@ -73,6 +94,8 @@ class BackendSpec:
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:
             raise ValueError("tensor_parallel must be >= 1")
+        if self.pool_link_gb_s is not None and self.pool_link_gb_s <= 0:
+            raise ValueError("pool_link_gb_s must be > 0 (or None: no pool)")
         c_eff = k.c_eff_flops_per_s(self.hardware, power_cap_w=self.power_cap_w, tensor_parallel=self.tensor_parallel)
         link = (
             self.host_link_gb_s * GB
@@ -82,6 +105,7 @@ class BackendSpec:
         kappa_hw = k.kappa_hw(link, c_eff)
         object.__setattr__(self, "c_eff_flops_per_s", c_eff)
         object.__setattr__(self, "link_bytes_per_s", link)
+        object.__setattr__(self, "pool_link_bytes_per_s", (self.pool_link_gb_s or 0.0) * GB)
         object.__setattr__(self, "kappa_hw", kappa_hw)
         object.__setattr__(self, "kappa_crit", k.kappa_crit(self.model, kappa_hw))
         cap = self.hardware.tdp_w if self.power_cap_w is None else min(self.power_cap_w, self.hardware.tdp_w)
@@ -109,16 +133,19 @@ class RequestShape:
         cached_host_tokens: prefix tokens cached in the host tier there (must be loaded).
         new_tokens: T, prompt tokens to prefill (≥ 0; vLLM always computes at least one).
         output_tokens: tokens to generate (max_tokens).
+        cached_pool_tokens: prefix tokens found only in the fleet-shared KV pool (loaded
+            from it; 0 without a pool).
     """
 
     cached_hbm_tokens: float
     cached_host_tokens: float
     new_tokens: float
     output_tokens: float = 1
+    cached_pool_tokens: float = 0.0
 
     @property
     def cached_tokens(self) -> float:
-        return self.cached_hbm_tokens + self.cached_host_tokens
+        return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_pool_tokens
 
     @property
     def prompt_tokens(self) -> float:
@@ -157,12 +184,18 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         K_host/T > κ_crit(T) for models without sliding-window layers).
     """
     c = k.model_constants(backend.model)
-    cached = shape.cached_hbm_tokens + shape.cached_host_tokens
+    cached = shape.cached_hbm_tokens + shape.cached_host_tokens + shape.cached_pool_tokens
     prompt = cached + shape.new_tokens
     new = max(shape.new_tokens, 1.0)
     t_compute = c.prefill_flops(cached, new) / backend.c_eff_flops_per_s
     load_bytes = c.kv_bytes(shape.cached_host_tokens)
     t_load = load_bytes / backend.link_bytes_per_s
+    if shape.cached_pool_tokens:
+        if not backend.pool_link_bytes_per_s:
+            raise ValueError("cached_pool_tokens on a backend without a pool link (pool_link_gb_s)")
+        pool_bytes = c.kv_bytes(shape.cached_pool_tokens)
+        t_load += pool_bytes / backend.pool_link_bytes_per_s
+        load_bytes += pool_bytes
     hbm_bw = backend.hbm_bandwidth_bytes_per_s
     t_hbm = (c.weights_read_bytes(new) + c.kv_bytes(prompt)) / hbm_bw
     base = max(t_compute, t_hbm)

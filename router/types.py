@@ -42,6 +42,8 @@ class BackendView:
         backend_id: the config's id.
         spec: static model/hardware figures.
         matched_blocks, hbm_blocks, host_blocks: the prefix index's match for this request.
+        pool_blocks: blocks past this backend's own match that the fleet-shared KV pool holds
+            (loadable from it; included in ``matched_blocks``).
         cached_blocks: blocks the index holds for this backend (its "tree size").
         in_flight: requests the gateway has sent there and not seen finish.
         kv_demand_bytes: KV bytes charged to those requests ((K+T+max_tokens)·B_kv each).
@@ -64,6 +66,7 @@ class BackendView:
     num_requests_waiting: int = 0
     num_requests_running: int = 0
     kv_cache_usage_ratio: float = 0.0
+    pool_blocks: int = 0
 
     @property
     def free_kv_bytes(self) -> float:
@@ -80,10 +83,16 @@ class Candidate:
     new_tokens: int
     estimate: CostEstimate
     admitted: bool  # (K+T+max_tokens)·B_kv fits its free KV memory
+    cached_pool_tokens: int = 0  # found only in the fleet-shared KV pool: loaded from it
 
     @property
     def cached_tokens(self) -> int:
-        return self.cached_hbm_tokens + self.cached_host_tokens
+        return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_pool_tokens
+
+    @property
+    def loaded_tokens(self) -> int:
+        """Cached tokens that must be moved into HBM (host tier plus pool)."""
+        return self.cached_host_tokens + self.cached_pool_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ may not import it). `fleet_from_config` takes the *validated* config as plain da
     gateway.scrape_interval_s           how stale the router's view of each engine is
     index.block_size_tokens, index.bytes_per_token     the gateway's index block
     models: {served name: {profile}}    served name -> catalog model (optional)
+    kv_pool: {capacity_gb, link_gb_s_per_gpu} or None  a KV store the backends share
     backends[]: id, model, hardware, tensor_parallel, power_cap_w, host_tier_gb,
-                host_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels
+                host_link_gb_s, pool_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels
                 (``url`` is ignored: nothing is sent anywhere)
 
 Each backend becomes a `router.cost.BackendSpec` (the router's figures) and a
@@ -24,7 +25,7 @@ from typing import Any
 
 from mock_vllm.types import EngineConfig
 from prefix_index import block_size_bytes
-from router.cost import BackendSpec
+from router.cost import BackendSpec, pool_link_gb_s
 from router.profiles import GB, Catalog
 
 
@@ -60,12 +61,14 @@ class Fleet:
         scrape_interval_s: period of the metrics scrape, s (> 0).
         block_size_tokens: the index block in tokens (> 0).
         bytes_per_token: the starting bytes/token estimate (> 0; calibrated online as live).
+        pool_bytes: capacity of the KV pool the backends share, bytes (``None``: no pool).
     """
 
     backends: tuple[SimBackend, ...]
     scrape_interval_s: float = 1.0
     block_size_tokens: int = 64
     bytes_per_token: float = 4.0
+    pool_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -100,21 +103,30 @@ def fleet_from_config(doc: Mapping[str, Any], catalog: Catalog) -> Fleet:
         ValueError: a backend's figures are invalid.
     """
     profiles = {name: entry["profile"] for name, entry in doc.get("models", {}).items()}
+    pool = doc.get("kv_pool")
     backends = []
     for entry in doc["backends"]:
+        hardware = catalog.hw(entry["hardware"])
+        pool_link = None
+        if pool is not None:
+            pool_link = entry.get("pool_link_gb_s") or pool_link_gb_s(
+                hardware, entry["tensor_parallel"], link_gb_s_per_gpu=pool["link_gb_s_per_gpu"],
+                host_link_gb_s=entry["host_link_gb_s"])
         spec = BackendSpec(
             model=catalog.model(profiles.get(entry["model"], entry["model"])),
-            hardware=catalog.hw(entry["hardware"]),
+            hardware=hardware,
             power_cap_w=entry["power_cap_w"],
             tensor_parallel=entry["tensor_parallel"],
             host_link_gb_s=entry["host_link_gb_s"],
             overlap_host_load=entry["overlap_host_load"],
+            pool_link_gb_s=pool_link,
         )
         engine = EngineConfig(host_tier_bytes=entry["host_tier_gb"] * GB,
                               num_gpu_blocks_override=entry["num_gpu_blocks_override"])
         backends.append(SimBackend(entry["id"], entry["model"], spec, engine, dict(entry.get("labels", {}))))
     return Fleet(tuple(backends), scrape_interval_s=doc["gateway"]["scrape_interval_s"],
-                 block_size_tokens=doc["index"]["block_size_tokens"], bytes_per_token=doc["index"]["bytes_per_token"])
+                 block_size_tokens=doc["index"]["block_size_tokens"], bytes_per_token=doc["index"]["bytes_per_token"],
+                 pool_bytes=None if pool is None else pool["capacity_gb"] * GB)
 
 
 def high_kappa_threshold(backends: Sequence[SimBackend]) -> float:

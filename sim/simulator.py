@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mock_vllm.engine import MockEngine, PromptTooLong
+from mock_vllm.kv_cache import SharedKVPool
 from mock_vllm.types import StepResult
-from prefix_index import BlockMatch, MemoryPrefixIndex, PendingChains, TierCapacity
+from prefix_index import POOL_ID, BlockMatch, MemoryPrefixIndex, PendingChains, TierCapacity, pool_capacity, with_pool
 from router import kappa
 from router.calibration import BytesPerToken
 from router.decide import decide
@@ -91,6 +92,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     cached_host_tokens: int = 0
+    cached_pool_tokens: int = 0
     first_token_s: float | None = None
     finish_s: float | None = None
 
@@ -149,9 +151,9 @@ class _Backend:
                  "outstanding_prefill_s", "recorded_blocks", "waiting", "running", "kv_usage", "step",
                  "first_add_s")
 
-    def __init__(self, config: SimBackend) -> None:
+    def __init__(self, config: SimBackend, pool: SharedKVPool | None = None) -> None:
         self.config = config
-        self.engine = MockEngine(config.spec, config.engine)
+        self.engine = MockEngine(config.spec, config.engine, pool)
         stats = self.engine.stats
         # What the gateway learns from vllm:cache_config_info at its first scrape (static).
         self.kv_capacity_bytes = stats.num_gpu_blocks * self.engine.block_size * kappa.b_kv_bytes(config.spec.model)
@@ -201,9 +203,13 @@ class Simulator:
                  model: str | None = None, observer: DecisionObserver | None = None) -> None:
         self.fleet, self.policy, self.requests, self.observer = fleet, policy, requests, observer
         self.model = model or fleet.served_models()[0]
-        self._backends = [_Backend(b) for b in fleet.backends if b.model == self.model]
-        if not self._backends:
+        served = [b for b in fleet.backends if b.model == self.model]
+        if not served:
             raise ValueError(f"no backend serves model {self.model!r}")
+        # The KV store the backends share, sized in the engines' 16-token blocks (as the mock fleet does).
+        self._kv_pool = None if fleet.pool_bytes is None else SharedKVPool(
+            max(int(fleet.pool_bytes // (kappa.b_kv_bytes(served[0].spec.model) * served[0].engine.block_size_tokens)), 1))
+        self._backends = [_Backend(b, self._kv_pool) for b in served]
         self._by_id = {b.config.id: b for b in self._backends}
         self._position = {b.config.id: i for i, b in enumerate(self._backends)}
         self._index = MemoryPrefixIndex()
@@ -271,6 +277,9 @@ class Simulator:
     def _capacity(self, b: _Backend, block_kv_bytes: float) -> TierCapacity:
         return TierCapacity(int(b.kv_capacity_bytes // block_kv_bytes), int(b.host_tier_bytes // block_kv_bytes))
 
+    def _pool_capacity(self, block_kv_bytes: float) -> TierCapacity | None:
+        return None if self.fleet.pool_bytes is None else pool_capacity(self.fleet.pool_bytes, block_kv_bytes)
+
     def _block_kv_bytes(self) -> float:
         return self._block_bytes / self._calibration.get(self.model) * self._b_kv
 
@@ -281,9 +290,13 @@ class Simulator:
         tokens_per_block = self._block_bytes / bytes_per_token
         block_kv = tokens_per_block * self._b_kv
         capacities = {b.config.id: self._capacity(b, block_kv) for b in self._backends}
+        pool = self._pool_capacity(block_kv)
+        lookup = capacities if pool is None else {**capacities, POOL_ID: pool}
         hashes = req.hashes
-        matches = run_now(self._index.match(model, hashes, capacities)) if len(hashes) else {}
-        matches = self._pending.overlay(model, hashes, matches, capacities)
+        matches = run_now(self._index.match(model, hashes, lookup)) if len(hashes) else {}
+        matches = self._pending.overlay(model, hashes, matches, lookup)
+        if pool is not None:
+            matches = with_pool(matches, capacities)
         features = RequestFeatures(model=model, prompt_tokens=max(round(req.prompt_bytes / bytes_per_token), 1),
                                    max_tokens=req.max_tokens, prompt_blocks=len(hashes),
                                    block_size_tokens=tokens_per_block)
@@ -294,7 +307,7 @@ class Simulator:
             views.append(BackendView(
                 backend_id=bid, spec=b.config.spec,
                 matched_blocks=m.matched_blocks, hbm_blocks=m.hbm_blocks, host_blocks=m.host_blocks,
-                cached_blocks=min(b.recorded_blocks, capacities[bid].total_blocks),
+                pool_blocks=m.pool_blocks, cached_blocks=min(b.recorded_blocks, capacities[bid].total_blocks),
                 in_flight=b.in_flight, kv_demand_bytes=b.kv_demand_bytes,
                 outstanding_prefill_s=b.outstanding_prefill_s, kv_capacity_bytes=b.kv_capacity_bytes,
                 num_requests_waiting=b.waiting, num_requests_running=b.running, kv_cache_usage_ratio=b.kv_usage))
@@ -333,11 +346,15 @@ class Simulator:
                 record.first_token_s = now
                 record.prompt_tokens, record.cached_tokens = out.prompt_tokens, out.cached_tokens
                 record.cached_host_tokens = out.cached_host_tokens
+                record.cached_pool_tokens = out.cached_pool_tokens
                 b.outstanding_prefill_s = max(b.outstanding_prefill_s - act.prefill_s, 0.0)
                 if len(act.hashes):
-                    capacity = self._capacity(b, self._block_kv_bytes())
-                    run_now(self._index.record(self.model, b.config.id, act.hashes, capacity))
+                    block_kv = self._block_kv_bytes()
+                    run_now(self._index.record(self.model, b.config.id, act.hashes, self._capacity(b, block_kv)))
                     b.recorded_blocks += len(act.hashes)
+                    pool = self._pool_capacity(block_kv)
+                    if pool is not None:  # the backend wrote the chain through to the shared pool
+                        run_now(self._index.record(self.model, POOL_ID, act.hashes, pool))
             if out.finished:
                 record.finish_s = now
                 self._pending.remove(self.model, b.config.id, act.hashes)

@@ -14,8 +14,9 @@ from starlette.responses import JSONResponse, Response
 from gateway.errors import BadRequest
 from gateway.proxy import read_body
 from gateway.routes.deps import State
-from prefix_index import PrefixIndexError
+from prefix_index import POOL_ID, PrefixIndexError
 from router import kappa
+from router.profiles import GB
 
 router = APIRouter()
 
@@ -63,6 +64,7 @@ async def backends(gw: State) -> dict:
             "kappa_hw": spec.kappa_hw,
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),
             "c_eff_flops_per_s": spec.c_eff_flops_per_s, "link_bytes_per_s": spec.link_bytes_per_s,
+            "pool_link_bytes_per_s": spec.pool_link_bytes_per_s or None,
             "in_flight": s.in_flight, "kv_demand_bytes": s.kv_demand_bytes,
             "kv_capacity_bytes": s.kv_capacity_bytes, "host_tier_bytes": s.host_tier_bytes,
             "outstanding_prefill_s": s.outstanding_prefill_s,
@@ -70,7 +72,13 @@ async def backends(gw: State) -> dict:
             "kv_cache_usage_ratio": m.kv_cache_usage_ratio,
             "cached_blocks": None if index_blocks is None else index_blocks.get(s.id, 0),
         })
-    return {"backends": out, "policy": gw.settings.routing.policy, "index": gw.settings.index.backend}
+    pool = gw.settings.kv_pool
+    kv_pool = None if pool is None else {
+        "capacity_bytes": pool.capacity_gb * GB,
+        "cached_blocks": None if index_blocks is None else index_blocks.get(POOL_ID, 0),
+    }
+    return {"backends": out, "policy": gw.settings.routing.policy, "index": gw.settings.index.backend,
+            "kv_pool": kv_pool}
 
 
 @router.post("/v1/kappa/route")
@@ -101,6 +109,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
             "backend": c.backend_id, "rank": rank[c.backend_id],
             "hardware": plan.states[c.backend_id].entry.hardware,
             "cached_hbm_tokens": c.cached_hbm_tokens, "cached_host_tokens": c.cached_host_tokens,
+            "cached_pool_tokens": c.cached_pool_tokens,
             "new_tokens": c.new_tokens, "kappa_ratio": est.kappa_ratio, "kappa_crit": _finite(est.kappa_crit),
             "regime": est.regime.value, "admitted": c.admitted,
             "predicted_ttft_s": est.ttft_s, "predicted_prefill_s": est.prefill_s,

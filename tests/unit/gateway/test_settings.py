@@ -38,13 +38,16 @@ def test_shipped_fleet_configs_load(path: Path) -> None:
         ({"backends": [{**BACKEND, "url": "127.0.0.1:8001"}]}, r"backends\[0\]\.url: Value error, must be http"),
         ({"backends": [BACKEND, {**BACKEND, "url": "http://127.0.0.1:8002"}]}, r"backends\[1\]\.id: duplicate"),
         ({"backends": [{**BACKEND, "power_cap_w": 10}]}, r"backends\[0\]: .*idle power"),
+        (doc(kv_pool={"capacity_gb": 0}), r"kv_pool\.capacity_gb: Input should be greater than 0"),
+        (doc(kv_pool={"capacity_gb": 10, "bandwidth": 5}), r"kv_pool\.bandwidth: Extra inputs are not permitted"),
+        ({"backends": [{**BACKEND, "pool_link_gb_s": 40}]}, r"backends\[0\]\.pool_link_gb_s is set but there is no kv_pool"),
         ({"backends": [{**BACKEND, "colour": "red"}]}, r"backends\[0\]\.colour: Extra inputs"),
         ({"backends": []}, r"backends: List should have at least 1 item"),
         ({"models": {"m": {"profile": "nope"}}, "backends": [BACKEND]}, r"models\.m\.profile: unknown model profile"),
         ([1, 2], r"config: the file must hold a mapping"),
     ],
     ids=["port-range", "typo-key", "unknown-policy", "policy-param", "redis-no-url", "unknown-hardware",
-         "unknown-model", "bad-url", "duplicate-id", "cap-below-idle", "unknown-backend-key", "no-backends",
+         "unknown-model", "bad-url", "duplicate-id", "cap-below-idle", "pool-size", "pool-typo", "pool-link-no-pool", "unknown-backend-key", "no-backends",
          "unknown-profile", "not-a-mapping"],
 )
 def test_bad_config_fails_with_its_path(config: object, message: str) -> None:
@@ -74,3 +77,14 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
     bad.write_text("backends: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_settings(bad, CATALOG, env={})
+
+
+def test_a_kv_pool_gives_each_backend_a_pool_link() -> None:
+    settings = parse_settings({"kv_pool": {"capacity_gb": 500, "link_gb_s_per_gpu": 10},
+                               "backends": [{**BACKEND, "tensor_parallel": 4},
+                                            {**BACKEND, "id": "b", "url": "http://127.0.0.1:8002", "pool_link_gb_s": 7}]},
+                              CATALOG, env={})
+    a, b = (settings.backend_spec(CATALOG, entry) for entry in settings.backends)
+    assert (a.pool_link_bytes_per_s, b.pool_link_bytes_per_s) == (40e9, 7e9)  # min(10, 15) × 4; the override
+    plain = parse_settings(doc(), CATALOG, env={})
+    assert plain.kv_pool is None and plain.backend_spec(CATALOG, plain.backends[0]).pool_link_bytes_per_s == 0

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.catalog import default_catalog
 from router import kappa as k
-from router.cost import BackendSpec, RequestShape, predict
+from router.cost import BackendSpec, RequestShape, pool_link_gb_s, predict
 from router.kappa import Regime
 
 CATALOG = default_catalog()
@@ -90,3 +90,31 @@ def test_link_override_replaces_profile_bandwidth() -> None:
 def test_tensor_parallel_must_be_positive() -> None:
     with pytest.raises(ValueError, match="tensor_parallel"):
         spec(tensor_parallel=0)
+
+
+def test_pool_tokens_load_at_the_pool_link_and_host_tokens_at_the_host_link() -> None:
+    """H100×4: host link 4 × 15 GB/s; a pool link of 40 GB/s. Llama-3.1-70B B_kv = 327,680 B/token."""
+    backend = spec(pool_link_gb_s=40)
+    est = predict(RequestShape(0, 2_000, 100, 1, cached_pool_tokens=30_000), backend)
+    assert est.t_load_s == pytest.approx(2_000 * 327_680 / 60e9 + 30_000 * 327_680 / 40e9)
+    assert est.load_bytes == pytest.approx(32_000 * 327_680)
+    assert est.kappa_ratio == 320  # κ_ratio counts every cached token, pool included
+    assert est.regime is Regime.TRANSFER
+
+
+def test_pool_tokens_on_a_backend_without_a_pool_link_are_refused() -> None:
+    with pytest.raises(ValueError, match="pool_link_gb_s"):
+        predict(RequestShape(0, 0, 100, 1, cached_pool_tokens=1_000), spec())
+    with pytest.raises(ValueError, match="pool_link_gb_s must be > 0"):
+        spec(pool_link_gb_s=0)
+
+
+@pytest.mark.parametrize(("hw", "tp", "host_link", "expected"), [
+    ("b200", 2, None, 2 * 15.0),      # PCIe (15 GB/s sustained) is slower than the 25 GB/s network
+    ("h100-sxm", 4, None, 4 * 15.0),
+    ("gh200", 4, None, 4 * 25.0),     # NVLink-C2C (300 GB/s) is not: the network limits
+    ("h100-sxm", 4, 200.0, 4 * 25.0),  # a measured 50 GB/s per GPU host link: the network limits
+])
+def test_pool_link_is_the_slower_of_network_and_host_link_per_gpu(hw: str, tp: int, host_link: float | None,
+                                                                    expected: float) -> None:
+    assert pool_link_gb_s(CATALOG.hw(hw), tp, link_gb_s_per_gpu=25.0, host_link_gb_s=host_link) == expected
