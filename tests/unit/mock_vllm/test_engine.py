@@ -96,7 +96,7 @@ def push_to_host_tier(engine: MockEngine, prefix: list[int], now_s: float) -> fl
     filler_tokens = engine.cache.num_gpu_blocks * engine.block_size
     for seed in range(1000, 1000 + filler_tokens // 30_000 + 2):
         _, now, _ = run_one(engine, tokens(30_000, seed), now_s=now)
-    assert engine.cache.match(engine_hashes(engine, prefix), 10**9) == (0, len(prefix) // 16)
+    assert engine.cache.match(engine_hashes(engine, prefix), 10**9) == (0, len(prefix) // 16, 0)
     return now
 
 
