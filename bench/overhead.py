@@ -9,7 +9,10 @@ One run, all on 127.0.0.1, side by side, every server its own process:
   its 8 backends;
 - ``redis``: the same with the Redis index (a ``redis-server`` started here);
 - ``redis@NAME``: with ``--compare NAME=DIR``, the Redis gateway run from another source
-  tree, to measure a candidate change against ``redis`` side by side.
+  tree, to measure a candidate change against ``redis`` side by side;
+- ``relay`` (only when named in ``--targets``): `bench/relay_only.py`, the memory-index
+  gateway with its routing work memoised per distinct body — the relay and observability
+  alone, the ceiling any routing code can reach on this stack.
 
 Load comes from `bench/loadgen.py` in its own process: closed loop at concurrency 1 and
 32, chat bodies of 1k, 8k and 128k tokens (~4 bytes/token of text), 16 distinct prompts
@@ -185,6 +188,7 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)])
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         gateways = [("memory", None, None), ("redis", redis_url, None)]
+        gateways += [("relay", None, None)] if "relay" in args.targets else []
         gateways += [(f"redis@{name}", redis_url, tree) for name, tree in args.compare]
         for name, url, tree in gateways:
             port = free_port()
@@ -192,7 +196,8 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
             config.write_text(json.dumps(gateway_config(stub_ports, port, url, "bench-" + name.replace("@", "-"))))
             # `python -m` puts its working directory first on sys.path: the tree under test wins.
             env = {"PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))}
-            gateway = procs.start(name, [py, "-m", "gateway", "serve", "--config", str(config), "--log-level",
+            entry = [str(BENCH_DIR / "relay_only.py")] if name == "relay" else ["-m", "gateway"]
+            gateway = procs.start(name, [py, *entry, "serve", "--config", str(config), "--log-level",
                                          "warning"], env, cwd=Path(tree) if tree else BENCH_DIR.parent)
             pids[name] = gateway.pid
             targets[name] = port
@@ -289,7 +294,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="rounds per cell (default 3; --quick 2)")
     p.add_argument("--cell-s", type=float, help=f"seconds per measurement (default {CELL_S}; --quick {QUICK_CELL_S})")
     p.add_argument("--sizes", help="comma list of 1k,8k,128k")
-    p.add_argument("--targets", default="direct,bare,memory,redis", help="comma list of the base targets to load")
+    p.add_argument("--targets", default="direct,bare,memory,redis",
+                   help="comma list of the base targets to load (add relay for the routing-free ceiling)")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
                    help="also load a Redis gateway run from source tree DIR, as target redis@NAME")
     args = p.parse_args(argv)

@@ -80,7 +80,7 @@ def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -
                      == (size, conc, target, stream)), {})
 
     out: dict[str, Any] = {}
-    for target in ("redis", "memory", *(t for t in final if "@" in t)):
+    for target in ("redis", "memory", "relay", *(t for t in final if "@" in t)):
         for suffix, stream in (("", False), ("_stream", True)):
             out[f"throughput_ratio_vs_bare_proxy_{target}{suffix}"] = cell("8k", 32, target, stream).get(
                 "throughput_ratio_vs_bare")
