@@ -159,25 +159,54 @@ def mock_fleet_cmd(
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")] = Path("config/fleet.local.yaml"),
     time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second (0.01 = 100x faster)")] = 1.0,
 ) -> None:
-    """Start a mock vLLM backend for every local backend in the config; Ctrl-C stops them all."""
+    """Start a mock vLLM backend for every local backend in the config; Ctrl-C stops them all.
+
+    With a kv_pool section, one process serves every mock, all on one shared KV pool.
+    """
     import signal
     import sys
     import time
 
-    from gateway.fleet import local_backends, mock_fleet
+    from gateway.fleet import mock_fleet
 
     settings = _load(config)
-    with mock_fleet(settings, time_scale=time_scale, quiet=False) as procs:
-        for backend, proc in zip(local_backends(settings), procs, strict=True):
-            typer.echo(f"{backend.id}: {backend.hardware} x{backend.tensor_parallel} at {backend.url} (pid {proc.pid})")
+    with mock_fleet(settings, time_scale=time_scale, quiet=False) as mocks:
+        for mock in mocks:
+            if settings.kv_pool is not None:
+                typer.echo(f"one process (pid {mock.proc.pid}) serving {len(mock.backends)} mocks that share a "
+                           f"{settings.kv_pool.capacity_gb:g} GB KV pool:")
+            for backend in mock.backends:
+                typer.echo(f"{backend.id}: {backend.hardware} x{backend.tensor_parallel} at {backend.url} "
+                           f"(pid {mock.proc.pid})")
         typer.echo("mock fleet up; Ctrl-C to stop")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's `&` job starts with SIGINT ignored
         try:
-            while all(p.poll() is None for p in procs):
+            while all(m.proc.poll() is None for m in mocks):
                 time.sleep(0.5)  # supervising: wake to notice a child that died
         except KeyboardInterrupt:
             pass
+
+
+@app.command("mock-fleet-worker", hidden=True)
+def mock_fleet_worker(
+    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML with a kv_pool section")],
+    time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second")] = 1.0,
+) -> None:
+    """Serve every local mock of CONFIG in this one process, on one shared KV pool (started by mock-fleet)."""
+    from gateway.errors import ConfigError
+    from gateway.fleet import local_backends
+    from gateway.fleet_worker import run_pooled_fleet
+    from gateway.settings import load_settings
+
+    catalog = default_catalog()
+    try:
+        settings = load_settings(config, catalog, env={})  # as mock-fleet resolved it: no overrides again
+        status = run_pooled_fleet(settings, catalog, local_backends(settings), time_scale=time_scale)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {config}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(status)
 
 
 @app.command()

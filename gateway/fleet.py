@@ -2,18 +2,26 @@
 
 Each backend whose URL is on this machine becomes one ``kappa-gateway mock-vllm`` process
 with that backend's model, hardware, TP, power cap and host tier, so ``serve`` has a fleet
-to route to without Docker or GPUs. Readiness is polled on each ``/health``; the processes
-are ended by their pids, and only those.
+to route to without Docker or GPUs. A config with a ``kv_pool`` section instead gets ONE
+process (``kappa-gateway mock-fleet-worker``, `gateway.fleet_worker`) serving every local
+mock, so that they share one `mock_vllm.kv_cache.SharedKVPool` object; it reads the
+settings from a temporary YAML file, removed when the fleet stops. Readiness is polled on
+each ``/health``; the processes are ended by their pids, and only those.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
+
+import yaml
 
 from gateway.processes import answers_ok, stop_processes
 from gateway.settings import BackendEntry, Settings
@@ -38,34 +46,67 @@ def mock_command(settings: Settings, backend: BackendEntry, *, time_scale: float
     return cmd
 
 
+def worker_command(config: Path, *, time_scale: float) -> list[str]:
+    """The hidden ``mock-fleet-worker`` command line: every local mock of ``config`` on one KV pool."""
+    return [sys.executable, "-m", "gateway", "mock-fleet-worker", "--config", str(config),
+            "--time-scale", str(time_scale)]
+
+
 def local_backends(settings: Settings) -> list[BackendEntry]:
     return [b for b in settings.backends if urlsplit(b.url).hostname in LOCAL_HOSTS]
 
 
+@dataclass(frozen=True)
+class MockProcess:
+    """A child process and the local backends it serves: one, or all of them on a shared KV pool."""
+
+    proc: subprocess.Popen
+    backends: tuple[BackendEntry, ...]
+
+
+def _wait_healthy(mocks: Sequence[MockProcess]) -> None:
+    pending = {b.url: m for m in mocks for b in m.backends}
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while pending:
+        for url, mock in list(pending.items()):
+            if mock.proc.poll() is not None:
+                urls = ", ".join(b.url for b in mock.backends)
+                raise RuntimeError(f"mock backend for {urls} exited with {mock.proc.returncode} (is the port free?)")
+            if answers_ok(f"{url}/health"):
+                del pending[url]
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"mock backends not healthy after {READY_TIMEOUT_S:g}s: {sorted(pending)}")
+        time.sleep(POLL_INTERVAL_S)  # poll interval between health checks
+
+
 @contextmanager
-def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True) -> Iterator[list[subprocess.Popen]]:
-    """Start a mock for every local backend, wait until all answer /health, stop them on exit.
+def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True) -> Iterator[list[MockProcess]]:
+    """Start the mocks of every local backend, wait until all answer /health, stop them on exit.
+
+    Without ``kv_pool``: one process per backend. With it: one process serving them all.
 
     Raises:
         RuntimeError: a mock exited during start-up (its port taken, a bad setting).
         TimeoutError: not all were healthy within READY_TIMEOUT_S.
     """
     out = subprocess.DEVNULL if quiet else None
-    procs: list[subprocess.Popen] = []
+    backends = local_backends(settings)
+    mocks: list[MockProcess] = []
+    config: Path | None = None
     try:
-        for backend in local_backends(settings):
-            procs.append(subprocess.Popen(mock_command(settings, backend, time_scale=time_scale), stdout=out, stderr=out))
-        pending = {b.url: p for b, p in zip(local_backends(settings), procs, strict=True)}
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while pending:
-            for url, proc in list(pending.items()):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"mock backend for {url} exited with {proc.returncode} (is the port free?)")
-                if answers_ok(f"{url}/health"):
-                    del pending[url]
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"mock backends not healthy after {READY_TIMEOUT_S:g}s: {sorted(pending)}")
-            time.sleep(POLL_INTERVAL_S)  # poll interval between health checks
-        yield procs
+        if settings.kv_pool is not None and backends:
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mock-fleet-", delete=False) as f:
+                yaml.safe_dump(settings.model_dump(mode="json"), f)
+            config = Path(f.name)
+            proc = subprocess.Popen(worker_command(config, time_scale=time_scale), stdout=out, stderr=out)
+            mocks.append(MockProcess(proc, tuple(backends)))
+        else:
+            for backend in backends:
+                proc = subprocess.Popen(mock_command(settings, backend, time_scale=time_scale), stdout=out, stderr=out)
+                mocks.append(MockProcess(proc, (backend,)))
+        _wait_healthy(mocks)
+        yield mocks
     finally:
-        stop_processes(procs)
+        stop_processes([m.proc for m in mocks])
+        if config is not None:
+            config.unlink(missing_ok=True)

@@ -14,10 +14,11 @@ name) and ``engine="0"``, as vLLM's ``PrometheusStatLogger`` does.
   ``--time-scale``), so a test at time-scale 0.001 reports the latencies the modelled GPU
   would have. `RequestTiming` keeps the per-request timestamps; a request's queue time
   runs to the start of the first step that reports it.
-* ``mock_vllm:*`` series are the mock's own: power (W), energy (J), host-tier KV bytes
-  loaded, and how far the server's driver falls behind its own step schedule, in wall
-  seconds (`mock_vllm.driver`): ``schedule_lag_seconds`` is the largest delay over the
-  last `LAG_WINDOW_STEPS` steps, ``step_lag_seconds`` a histogram of every step's delay,
+* ``mock_vllm:*`` series are the mock's own: power (W), energy (J), KV bytes loaded from
+  the host tier and from the fleet-shared KV pool (0 without one), and how far the
+  server's driver falls behind its own step schedule, in wall seconds
+  (`mock_vllm.driver`): ``schedule_lag_seconds`` is the largest delay over the last
+  `LAG_WINDOW_STEPS` steps, ``step_lag_seconds`` a histogram of every step's delay,
   ``schedule_step_seconds`` the mean scheduled wall duration of those steps.
 
 Bucket boundaries follow ``vllm/v1/metrics/loggers.py``: TTFT 0.001…2560 s (22 bounds),
@@ -135,10 +136,10 @@ class _EngineCollector(Collector):
         yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                             stats.prefix_cache_hits_tokens)
         yield self._counter("vllm:external_prefix_cache_queries",
-                            "External prefix cache queries (host tier), in queried tokens.",
+                            "External prefix cache queries (host tier and shared KV pool), in queried tokens.",
                             stats.external_prefix_cache_queries_tokens)
         yield self._counter("vllm:external_prefix_cache_hits",
-                            "External prefix cache hits (host tier), in cached tokens.",
+                            "External prefix cache hits (host tier and shared KV pool), in cached tokens.",
                             stats.external_prefix_cache_hits_tokens)
         by_source = stats.prompt_tokens_by_source
         yield self._by_label("vllm:prompt_tokens_by_source", "Prompt tokens by source.", "source", dict(by_source))
@@ -158,6 +159,8 @@ class _EngineCollector(Collector):
                             self._energy_j)
         yield self._counter("mock_vllm:host_kv_loaded_bytes", "KV bytes loaded from the host tier.",
                             stats.host_kv_loaded_bytes_total)
+        yield self._counter("mock_vllm:pool_kv_loaded_bytes", "KV bytes loaded from the fleet-shared KV pool.",
+                            stats.pool_kv_loaded_bytes_total)
 
 
 class MockVllmMetrics:
