@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import xxhash
+
 from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, SharedKVPool, prompt_block_hashes
 from mock_vllm.types import EngineConfig, EngineStats, RequestOutput, StepResult
 from router import kappa
@@ -105,7 +107,8 @@ class MockEngine:
         num_gpu_blocks = config.num_gpu_blocks_override or int((kv_budget - model.weight_bytes) // self.block_bytes)
         if num_gpu_blocks < 1:
             raise ValueError(f"{model.name} weights leave no KV memory on {backend.hardware.name}")
-        self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes), pool)
+        self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes), pool,
+                                  xxhash.xxh3_64_intdigest(model.name.encode()))
         self.max_model_len_tokens = min(config.max_model_len_tokens or model.max_model_len_tokens,
                                         num_gpu_blocks * self.block_size)
         self.stats = EngineStats(num_gpu_blocks=num_gpu_blocks, num_host_blocks=self.cache.num_host_blocks)
@@ -308,7 +311,6 @@ class MockEngine:
         load_s = host_bytes / backend.link_bytes_per_s
         if pool_bytes:
             load_s += pool_bytes / backend.pool_link_bytes_per_s
-        load_bytes = host_bytes + pool_bytes
         base = max(compute_s, hbm_s)
         duration = max(base, load_s) if backend.overlap_host_load else base + load_s
         utilisation = max(compute_s, DECODE_POWER_UTILISATION * hbm_s) / duration
@@ -317,8 +319,8 @@ class MockEngine:
         self.stats.host_kv_loaded_bytes_total += host_bytes
         self.stats.pool_kv_loaded_bytes_total += pool_bytes
         self._refresh_gauges()
-        result = StepResult(now_s, duration, outputs, compute_s, hbm_s, load_s, load_bytes,
-                            prefill_tokens, decode_tokens, utilisation)
+        result = StepResult(now_s, duration, outputs, compute_s, hbm_s, load_s, host_bytes,
+                            prefill_tokens, decode_tokens, utilisation, pool_bytes)
         self._last_step = result
         return result
 

@@ -48,8 +48,9 @@ class SharedKVPool:
     """A fleet-shared KV store: block hashes, least recently used evicted past ``num_blocks``.
 
     One object is shared by the engines of a fleet (the mock fleet's servers, the
-    simulator's engines); it keeps hashes only, as `PagedKVCache` does. Engines sharing a
-    pool must name blocks alike (same block size and model).
+    simulator's engines); it keeps hashes only, as `PagedKVCache` does. Each cache names its
+    blocks in the pool within its model's namespace (``pool_namespace``), so engines of
+    different models never hit each other's blocks.
 
     Args:
         num_blocks: capacity in KV blocks, ≥ 1.
@@ -88,6 +89,10 @@ class SharedKVPool:
         self._lru.move_to_end(block_hash)
         self.loaded_blocks_total += 1
 
+    def touch(self, block_hash: int) -> None:
+        """A block in the pool was used again (it becomes most recent); KeyError if absent."""
+        self._lru.move_to_end(block_hash)
+
     def clear(self) -> None:
         self._lru.clear()
 
@@ -100,14 +105,18 @@ class PagedKVCache:
         num_host_blocks: host-tier blocks (0 = no offloading), ≥ 0.
         pool: a fleet-shared KV pool this cache writes its prefilled blocks to and loads
             misses from (``None``: none).
+        pool_namespace: mixed into every hash this cache stores in or looks up from the pool
+            (the engine passes a hash of its model's name).
     """
 
-    def __init__(self, num_gpu_blocks: int, num_host_blocks: int = 0, pool: SharedKVPool | None = None) -> None:
+    def __init__(self, num_gpu_blocks: int, num_host_blocks: int = 0, pool: SharedKVPool | None = None,
+                 pool_namespace: int = 0) -> None:
         if num_gpu_blocks < 1 or num_host_blocks < 0:
             raise ValueError("num_gpu_blocks must be >= 1 and num_host_blocks >= 0")
         self.num_gpu_blocks = num_gpu_blocks
         self.num_host_blocks = num_host_blocks
         self.pool = pool
+        self._ns = pool_namespace
         self._refs: dict[int, int] = {}  # cached (hashed) HBM blocks -> reference count
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with refs 0, LRU first
         self._anonymous = 0  # referenced blocks with no hash (partial or generated tokens)
@@ -131,13 +140,13 @@ class PagedKVCache:
         the host tier, else in the shared pool. Nothing is touched or referenced.
         """
         hbm = host = pool = 0
-        refs, local_host, shared = self._refs, self._host, self.pool
+        refs, local_host, shared, ns = self._refs, self._host, self.pool, self._ns
         for h in hashes[:max_blocks]:
             if h in refs:
                 hbm += 1
             elif h in local_host:
                 host += 1
-            elif shared is not None and h in shared:
+            elif shared is not None and h ^ ns in shared:
                 pool += 1
             else:
                 break
@@ -174,7 +183,7 @@ class PagedKVCache:
             if h in self._host:
                 self._host.move_to_end(h)
             else:
-                self.pool.load(h)  # type: ignore[union-attr]  # `match` found it there
+                self.pool.load(h ^ self._ns)  # type: ignore[union-attr]  # `match` found it there
         for h in to_load:
             self._evict_one_if_needed()
             self._refs[h] = 1
@@ -196,7 +205,7 @@ class PagedKVCache:
         """
         self._anonymous -= 1
         if self.pool is not None:
-            self.pool.store(block_hash)  # write-through on prefill (LMCache's store, Mooncake's put)
+            self.pool.store(block_hash ^ self._ns)  # write-through on prefill (LMCache's store, Mooncake's put)
         if block_hash in self._refs:
             self._touch_ref(block_hash)
             return False
@@ -204,14 +213,23 @@ class PagedKVCache:
         return True
 
     def release(self, cached_hashes: Sequence[int], anonymous: int) -> None:
-        """Drop a request's references; unreferenced cached blocks become evictable (LRU tail)."""
+        """Drop a request's references; unreferenced cached blocks become evictable (LRU tail).
+
+        The request's blocks are used again in the pool too, deepest first, so that there as
+        here a prefix outlives its extensions (prompt order would make block 0 the pool's
+        oldest, and one eviction would strand the rest of the chain), and a prefix every
+        request finds in HBM does not age out of the pool.
+        """
         self._anonymous -= anonymous
         # vLLM frees in reverse so a request's deeper blocks are evicted before its prefix.
+        pool, ns = self.pool, self._ns
         for h in reversed(cached_hashes):
             refs = self._refs[h] - 1
             self._refs[h] = refs
             if refs == 0:
                 self._evictable[h] = None
+            if pool is not None and h ^ ns in pool:
+                pool.touch(h ^ ns)
 
     def reset(self) -> None:
         """Forget every cached block (``POST /reset_prefix_cache``); only valid when none is referenced.

@@ -87,6 +87,7 @@ class StepResult:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     utilisation: float = 0.0
+    pool_load_bytes: float = 0.0
 
     @property
     def end_s(self) -> float:

@@ -82,3 +82,30 @@ def test_second_engine_loads_the_first_engines_prefix_from_the_pool() -> None:
 def test_an_engine_on_a_pool_needs_a_pool_link() -> None:
     with pytest.raises(ValueError, match="pool_link_gb_s"):
         MockEngine(BackendSpec(model=MODEL, hardware=CATALOG.hw("h100-sxm")), pool=SharedKVPool(10))
+
+
+def test_a_finished_request_refreshes_its_chain_in_the_pool_deepest_first() -> None:
+    """Sealed in prompt order, block 0 would be the pool's oldest and go first, stranding 2 and 3."""
+    pool = SharedKVPool(3)
+    writer, reader = PagedKVCache(8, pool=pool), PagedKVCache(8, pool=pool)
+    writer.allocate_anonymous(3)
+    for h in (1, 2, 3):
+        writer.seal(h)
+    writer.release([1, 2, 3], 0)  # the request ends: 3, then 2, then 1 become the most recent
+    pool.store(10)
+    pool.store(11)  # two newer blocks push out the two oldest: 3, then 2
+    assert reader.match([1, 2, 3], max_blocks=10) == (0, 0, 1)
+
+
+def test_engines_of_different_models_do_not_share_pool_blocks() -> None:
+    pool = SharedKVPool(10_000)
+    prompt = tokens(2_000, seed=3)
+    engines = {name: MockEngine(BackendSpec(model=CATALOG.model(name), hardware=CATALOG.hw("h100-sxm"),
+                                            pool_link_gb_s=POOL_LINK_GB_S), pool=pool)
+               for name in ("llama-3.1-8b", "mistral-7b-v0.1")}
+    first, other = engines["llama-3.1-8b"], engines["mistral-7b-v0.1"]
+    first.add_request("a", prompt, max_tokens=1, arrival_s=0.0)
+    drain(first)
+    other.add_request("b", prompt, max_tokens=1, arrival_s=0.0)
+    (out,) = other.step(0.0).outputs
+    assert out.cached_tokens == 0
