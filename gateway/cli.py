@@ -249,6 +249,7 @@ def sim_cmd(
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the first N requests (a workload: N requests)")] = None,
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="arrivals this many times as frequent, > 0")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="tie-break (and workload) seed")] = 0,
+    kv_pool_gb: Annotated[float | None, typer.Option("--kv-pool-gb", help="give the fleet a shared KV pool of this many GB, > 0 (replaces the config's kv_pool)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Compare routing policies on a trace and fleet in virtual time (the real router and index, mock engines)."""
@@ -256,10 +257,12 @@ def sim_cmd(
 
     if rate_scale <= 0:
         raise typer.BadParameter(f"must be > 0, got {rate_scale}", param_hint="--rate-scale")
+    if kv_pool_gb is not None and kv_pool_gb <= 0:
+        raise typer.BadParameter(f"must be > 0, got {kv_pool_gb:g}", param_hint="--kv-pool-gb")
     _load(fleet)  # fail early, with the path, on a bad config
     names = [p.strip() for p in policies.split(",") if p.strip()]
     try:
-        report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed)
+        report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed, kv_pool_gb=kv_pool_gb)
     except ValueError as exc:  # both/neither of --trace and --workload, unknown workload or policy, bad trace
         raise typer.BadParameter(str(exc)) from exc
     if as_json:

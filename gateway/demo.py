@@ -149,6 +149,7 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
             "prefix_hit_ratio": cached / prompt if prompt else None,
             "energy_j": backend_metrics.get(b.id, {}).get("mock_vllm:energy_joules_total"),
+            "pool_loaded_bytes": backend_metrics.get(b.id, {}).get("mock_vllm:pool_kv_loaded_bytes_total"),
         })
     placement: dict[str, dict[str, float]] = {}
     for b in backends:
@@ -169,4 +170,5 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
         "index_cached_tokens_estimated": estimated, "index_cached_tokens_reported": reported,
         "policy": settings.routing.policy, "time_scale": time_scale, "backends": backends,
         "placement_by_role": placement,
+        "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
     }

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.catalog import default_catalog
-from gateway.settings import load_settings
+from gateway.settings import KvPoolSection, load_settings
 from sim.fleet import fleet_from_config
 from sim.lower_bound import lower_bound_ratios, lower_bound_summary, lower_bound_ttfts
 from sim.report import DEFAULT_TTFT_SLO_S, policy_report
@@ -47,7 +47,7 @@ def load_requests(trace: Path | None, workload: str | None, limit: int | None, s
 
 def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: list[str], limit: int | None,
             rate_scale: float, seed: int, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
-            workers: int | None = None) -> dict[str, Any]:
+            workers: int | None = None, kv_pool_gb: float | None = None) -> dict[str, Any]:
     """Simulate every policy on the trace (or workload) and fleet; one report per policy.
 
     Args:
@@ -60,6 +60,8 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
         seed: the tie-break seed (and the workload generator's).
         ttft_slo_s: the TTFT SLO goodput counts against, s.
         workers: processes for the runs (None: one per policy, up to the CPUs).
+        kv_pool_gb: give the fleet a shared KV pool of this many GB (the config's ``kv_pool``
+            section, replacing any it has, with its default link), to see what one would buy.
 
     Returns:
         ``{"policies": {name: sim.report.policy_report(...) plus the
@@ -72,6 +74,8 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
     """
     started = time.perf_counter()
     settings = load_settings(fleet, default_catalog(), env={})  # deployment overrides do not apply
+    if kv_pool_gb is not None:
+        settings = settings.model_copy(update={"kv_pool": KvPoolSection(capacity_gb=kv_pool_gb)})
     sim_fleet = fleet_from_config(settings.model_dump(), default_catalog())
     requests = scale_rate(load_requests(trace, workload, limit, seed), rate_scale)
     params = {settings.routing.policy: settings.routing.params}
@@ -83,6 +87,7 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
                      for name, result in results.items()},
         "run": {"trace": str(trace) if trace else None, "workload": workload, "fleet": str(fleet),
                 "requests": len(requests), "rate_scale": rate_scale, "seed": seed, "ttft_slo_s": ttft_slo_s,
+                "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
                 "lower_bound": lower_bound_summary(bounds), "wall_s": round(time.perf_counter() - started, 1)},
     }
 
@@ -96,17 +101,19 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
     run = report["run"]
     source = run["trace"] or f"workload {run['workload']}"
     table = Table(title=f"kappa-gateway sim: {source}, {run['requests']} requests, rate ×{run['rate_scale']:g}, "
-                        f"fleet {run['fleet']}, {run['wall_s']} s",
+                        f"fleet {run['fleet']}"
+                        + (f" + a {run['kv_pool_gb']:g} GB shared KV pool" if run.get("kv_pool_gb") else "")
+                        + f", {run['wall_s']} s",
                   caption=f"goodput: requests with TTFT ≤ {run['ttft_slo_s']:g} s, per second")
     for col in ("policy", "TTFT p50", "p90", "p99", "E2E p50", "req/s", "goodput", "J/req", "hit", "host hit",
-                "compute/xfer"):
+                "pool hit", "compute/xfer"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for name, p in report["policies"].items():
         regimes = p["regime_share"]
         table.add_row(name, _f(p["ttft_p50_s"], ".3f"), _f(p["ttft_p90_s"], ".3f"), _f(p["ttft_p99_s"], ".3f"),
                       _f(p["e2e_p50_s"], ".2f"), _f(p["throughput_rps"], ".3f"), _f(p["goodput_rps"], ".3f"),
                       _f(p["energy_per_request_j"], ",.0f"), _f(p["prefix_hit_ratio"], ".1%"),
-                      _f(p["host_hit_ratio"], ".1%"),
+                      _f(p["host_hit_ratio"], ".1%"), _f(p.get("pool_hit_ratio"), ".1%"),
                       f"{_f(regimes['compute'], '.0%')}/{_f(regimes['transfer'], '.0%')}")
     console = Console(width=max(console.width, 140))
     console.print(table)
