@@ -40,9 +40,9 @@ def pool_num_blocks(settings: Settings, catalog: Catalog, backends: Sequence[Bac
     """The pool's capacity in KV blocks: capacity_gb · 10^9 // bytes of one block.
 
     A block is `EngineConfig.block_size_tokens` (16) tokens of the first backend's model
-    (B_kv from `router.kappa`). Mocks sharing a pool should serve one model; with several,
-    the pool is sized by the first one's blocks (and, as the mock's block hashes name
-    tokens, not models, one model's blocks would be hits for another).
+    (B_kv from `router.kappa`). Mocks of several models share the pool without hitting each
+    other's blocks (each names them within its model's namespace), but it is sized in the
+    first model's blocks.
 
     Raises:
         ValueError: no kv_pool section, no backends, or a capacity below one block.
