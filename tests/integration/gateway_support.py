@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import redis
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.catalog import default_catalog
+from gateway.fleet import mock_fleet
+from gateway.processes import free_port
 from gateway.settings import parse_settings
 from mock_vllm.app_factory import build_app
 from tests.support.fake_upstream import Script, make_app
@@ -83,3 +86,25 @@ def run_mocks(n: int, *, time_scale: float = 0.001, host_tier_gb: float = 16.0, 
 def run_fakes(scripts: list[Script]) -> Iterator[list[str]]:
     with ExitStack() as stack:
         yield [stack.enter_context(serve_in_thread(make_app(s))) for s in scripts]
+
+
+@contextmanager
+def run_pooled_mocks(hardware: list[str], kv_pool: dict, *, time_scale: float = 0.01) -> Iterator[list[str]]:
+    """One mock per ``hardware`` entry (llama-3.1-8b), all sharing one KV pool: `mock_fleet`'s
+    single child process on free loopback ports, as ``kappa-gateway mock-fleet`` runs it."""
+    backends = [backend_doc(f"m{i}", f"http://127.0.0.1:{free_port()}", hw) for i, hw in enumerate(hardware)]
+    settings = parse_settings({"backends": backends, "kv_pool": kv_pool}, default_catalog(), env={})
+    with mock_fleet(settings, time_scale=time_scale):
+        yield [b["url"] for b in backends]
+
+
+@contextmanager
+def redis_index(url: str, key_prefix: str, timeout_s: float = 1.0) -> Iterator[dict]:
+    """An ``index`` config section on the Redis at ``url``; its keys are deleted afterwards."""
+    try:
+        yield {"backend": "redis", "redis_url": url, "key_prefix": key_prefix, "timeout_s": timeout_s}
+    finally:
+        with redis.Redis.from_url(url) as client:
+            keys = list(client.scan_iter(match=f"{key_prefix}:*"))
+            if keys:
+                client.delete(*keys)
