@@ -11,6 +11,7 @@ per outage), never the request.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import random
 import time
@@ -195,8 +196,12 @@ class RoutingService:
     def tokens_per_block(self, model: str) -> float:
         return self.block_bytes / self.calibration.get(model)
 
-    async def plan(self, parsed: ParsedRequest) -> RoutePlan:
+    async def plan(self, parsed: ParsedRequest, *, dry_run: bool = False) -> RoutePlan:
         """Rank the eligible backends for a parsed request.
+
+        ``dry_run`` (the explain endpoint) decides on copies of the policy and the random
+        generator, so explaining a request leaves the next real decision as it would have
+        been (round-robin's turn, tie-breaks), and is not timed in the decision histogram.
 
         Raises:
             NoHealthyBackend: no healthy backend serves the model.
@@ -220,9 +225,14 @@ class RoutingService:
             block_size_tokens=tokens_per_block,
         )
         views = [self._view(s, matches.get(s.id, _NO_MATCH), capacities[s.id]) for s in states]
-        start = self.clock()
-        decision = decide(self.policy, features, views, self.rng)
-        self._decision_seconds.observe(self.clock() - start)
+        if dry_run:
+            rng = random.Random()
+            rng.setstate(self.rng.getstate())
+            decision = decide(copy.deepcopy(self.policy), features, views, rng)
+        else:
+            start = self.clock()
+            decision = decide(self.policy, features, views, self.rng)
+            self._decision_seconds.observe(self.clock() - start)
         return RoutePlan(parsed, features, decision, {s.id: s for s in states}, index_ok)
 
     async def _match(self, parsed: ParsedRequest, capacities: dict[str, TierCapacity]) -> tuple[dict[str, BlockMatch], bool]:

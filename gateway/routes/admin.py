@@ -100,7 +100,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
         raise BadRequest("The body needs 'messages' (chat) or 'prompt' (completions).")
     else:
         kind = "chat"  # parse() answers that the body must be a JSON object
-    plan = await gw.routing.plan(gw.routing.parse(kind, raw))
+    plan = await gw.routing.plan(gw.routing.parse(kind, raw), dry_run=True)
     rank = {c.backend_id: i for i, c in enumerate(plan.decision.ranked)}
     candidates = []
     for c in sorted(plan.decision.ranked, key=lambda c: rank[c.backend_id]):
