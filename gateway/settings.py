@@ -220,8 +220,10 @@ def parse_settings(doc: Mapping[str, Any], catalog: Catalog, env: Mapping[str, s
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ConfigError(f"{_path(err['loc']) or 'config'}: {err['msg']}") from exc
+        # An unknown key first: a misspelt required key is also reported missing, and the
+        # spelling is the news. At most three problems, each with its path.
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[:3]
+        raise ConfigError("; ".join(f"{_path(e['loc']) or 'config'}: {e['msg']}" for e in errors)) from exc
     _check_against_catalog(settings, catalog)
     return settings
 

@@ -2,7 +2,9 @@
 
 `BytesPerToken`: the gateway estimates prompt tokens from canonical prompt bytes; each
 response's ``usage.prompt_tokens`` tells the truth for that model's tokenizer, so the
-estimate follows an exponentially weighted mean of bytes/token per model. (The index's
+estimate follows the ratio of exponentially weighted sums of bytes and of tokens per model:
+a token-weighted mean, so that a few short requests ("Hello", 9 tokens of chat template
+and all) cannot move the estimate the next 17k-token prompt is priced with. (The index's
 block size in *bytes* never changes — hashes must stay stable — only how many tokens a
 block is taken to hold.)
 """
@@ -29,6 +31,7 @@ class BytesPerToken:
     default: float
     ema_weight: float = DEFAULT_EMA_WEIGHT
     _by_model: dict[str, float] = field(default_factory=dict)
+    _sums: dict[str, tuple[float, float]] = field(default_factory=dict)  # weighted (bytes, tokens)
     samples: dict[str, int] = field(default_factory=dict)
 
     def get(self, model: str) -> float:
@@ -43,10 +46,13 @@ class BytesPerToken:
         if not lo <= sample <= hi:
             return False
         n = self.samples.get(model, 0)
-        current = self._by_model.get(model, sample)
+        total_bytes, total_tokens = self._sums.get(model, (0.0, 0.0))
         # The first samples weigh more (1/n) until the EMA weight takes over.
         weight = max(1.0 / (n + 1), self.ema_weight)
-        self._by_model[model] = current + weight * (sample - current)
+        total_bytes += weight * (prompt_bytes - total_bytes)
+        total_tokens += weight * (prompt_tokens - total_tokens)
+        self._sums[model] = (total_bytes, total_tokens)
+        self._by_model[model] = total_bytes / total_tokens
         self.samples[model] = n + 1
         return True
 

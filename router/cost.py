@@ -179,9 +179,11 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         queue_wait_s: expected wait before the prefill starts, s (the caller's estimate).
 
     Returns:
-        A `CostEstimate`; ``kappa_crit`` is the attention-aware κ_crit(T) of this backend and
-        ``regime`` compares the t_load and t_compute of this request (the same as
-        K_host/T > κ_crit(T) for models without sliding-window layers).
+        A `CostEstimate`; ``kappa_crit`` is the attention-aware κ_crit(T) of this backend, at
+        the bandwidth this request's loads average over its host and pool links (the host
+        link's when nothing comes from the pool), and ``regime`` compares the t_load and
+        t_compute of this request (the same as K_loaded/T > κ_crit(T) for models without
+        sliding-window layers).
     """
     c = k.model_constants(backend.model)
     cached = shape.cached_hbm_tokens + shape.cached_host_tokens + shape.cached_pool_tokens
@@ -200,6 +202,11 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
     t_hbm = (c.weights_read_bytes(new) + c.kv_bytes(prompt)) / hbm_bw
     base = max(t_compute, t_hbm)
     prefill = max(base, t_load) if backend.overlap_host_load else base + t_load
+    # κ_crit at the link this request's loads cross: the host link's, or with pool tokens the
+    # bandwidth its loads average (bytes / t_load), so regime and κ_crit agree on every backend.
+    kappa_hw = backend.kappa_hw
+    if shape.cached_pool_tokens:
+        kappa_hw = k.kappa_hw(load_bytes / t_load, backend.c_eff_flops_per_s)
     context = prompt + shape.output_tokens / 2.0
     decode_step = (c.active_weight_bytes + c.kv_bytes(context)) / hbm_bw
     ttft = queue_wait_s + prefill
@@ -217,6 +224,6 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         load_bytes=load_bytes,
         kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens),
         kappa_ratio=k.kappa_ratio(cached, shape.new_tokens),
-        kappa_crit=c.kappa_crit(backend.kappa_hw, new),
+        kappa_crit=c.kappa_crit(kappa_hw, new),
         regime=Regime.TRANSFER if t_load > t_compute else Regime.COMPUTE,
     )

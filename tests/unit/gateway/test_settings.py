@@ -40,6 +40,8 @@ def test_shipped_fleet_configs_load(path: Path) -> None:
         ({"backends": [{**BACKEND, "power_cap_w": 10}]}, r"backends\[0\]: .*idle power"),
         (doc(kv_pool={"capacity_gb": 0}), r"kv_pool\.capacity_gb: Input should be greater than 0"),
         (doc(kv_pool={"capacity_gb": 10, "bandwidth": 5}), r"kv_pool\.bandwidth: Extra inputs are not permitted"),
+        (doc(kv_pool={"capacity_gbb": 10}),
+         r"^kv_pool\.capacity_gbb: Extra inputs are not permitted; kv_pool\.capacity_gb: Field required$"),
         ({"backends": [{**BACKEND, "pool_link_gb_s": 40}]}, r"backends\[0\]\.pool_link_gb_s is set but there is no kv_pool"),
         ({"backends": [{**BACKEND, "colour": "red"}]}, r"backends\[0\]\.colour: Extra inputs"),
         ({"backends": []}, r"backends: List should have at least 1 item"),
@@ -47,7 +49,7 @@ def test_shipped_fleet_configs_load(path: Path) -> None:
         ([1, 2], r"config: the file must hold a mapping"),
     ],
     ids=["port-range", "typo-key", "unknown-policy", "policy-param", "redis-no-url", "unknown-hardware",
-         "unknown-model", "bad-url", "duplicate-id", "cap-below-idle", "pool-size", "pool-typo", "pool-link-no-pool", "unknown-backend-key", "no-backends",
+         "unknown-model", "bad-url", "duplicate-id", "cap-below-idle", "pool-size", "pool-typo", "pool-required-key-typo", "pool-link-no-pool", "unknown-backend-key", "no-backends",
          "unknown-profile", "not-a-mapping"],
 )
 def test_bad_config_fails_with_its_path(config: object, message: str) -> None:

@@ -118,3 +118,13 @@ def test_pool_tokens_on_a_backend_without_a_pool_link_are_refused() -> None:
 def test_pool_link_is_the_slower_of_network_and_host_link_per_gpu(hw: str, tp: int, host_link: float | None,
                                                                     expected: float) -> None:
     assert pool_link_gb_s(CATALOG.hw(hw), tp, link_gb_s_per_gpu=25.0, host_link_gb_s=host_link) == expected
+
+
+def test_kappa_crit_of_a_pool_load_is_at_the_pool_link_so_it_agrees_with_the_regime() -> None:
+    """Found by a newcomer: on a GH200 (host link 1.2 TB/s, pool link 100 GB/s) a pool load was
+    'transfer' while the reported κ_crit, at the host link, was larger than its K/T."""
+    gh200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("gh200"), tensor_parallel=4, pool_link_gb_s=100)
+    for new in (27, 224, 2_000):
+        est = predict(RequestShape(0, 0, new, 1, cached_pool_tokens=7_090), gh200)
+        assert est.kappa_crit == pytest.approx(k.kappa_crit(LLAMA_70B, k.kappa_hw(100e9, gh200.c_eff_flops_per_s), new_tokens=new))
+        assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crit)
