@@ -58,6 +58,14 @@ def test_kappa_policy(feats: RequestFeatures, views: list[BackendView], expected
     assert chosen("kappa", feats, views) == expected
 
 
+@pytest.mark.parametrize(("work_weight", "expected"), [(0.0, "idle"), (1.0, "holder")])
+def test_kappa_charges_the_prefill_work_a_move_would_add(work_weight: float, expected: str) -> None:
+    """A follow-up whose 38,400-token prefix is in HBM behind 1.2 s of queued prefill: recomputing it on
+    an idle B200 (~1.05 s) gives a lower TTFT, at ~17× the prefill work, which later requests wait for."""
+    views = [view("holder", hbm_blocks=600, matched_blocks=600, outstanding_prefill_s=1.2), view("idle")]
+    assert chosen("kappa", features(40_000), views, work_weight=work_weight) == expected
+
+
 def test_kappa_ties_go_to_lower_energy() -> None:
     # Tiny request: both finish within the tie band; the capped H100 draws less.
     views = [view("b200"), view("h100", H100_CAPPED)]
@@ -149,8 +157,8 @@ def test_every_policy_builds_and_ranks_all_candidates(name: str) -> None:
     ("name", "params", "message"),
     [("fastest", {}, "unknown policy 'fastest'"), ("kappa", {"energy_tie": 0.1}, "unknown parameter 'energy_tie'"),
      ("weighted", {"prefix_weight": "3"}, "must be float"), ("prefix-affinity", {"cache_threshold": 2.0}, "cache_threshold"),
-     ("kappa", {"energy_tie_ratio": 1.5}, "energy_tie_ratio")],
-    ids=["unknown-policy", "unknown-param", "wrong-type", "out-of-range", "kappa-range"],
+     ("kappa", {"energy_tie_ratio": 1.5}, "energy_tie_ratio"), ("kappa", {"work_weight": -1.0}, "work_weight")],
+    ids=["unknown-policy", "unknown-param", "wrong-type", "out-of-range", "kappa-range", "kappa-work-weight"],
 )
 def test_bad_policy_config_names_the_problem(name: str, params: dict, message: str) -> None:
     with pytest.raises(PolicyConfigError, match=message):
