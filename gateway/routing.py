@@ -254,7 +254,8 @@ class RoutingService:
         return BackendView(
             backend_id=state.id, spec=state.spec,
             matched_blocks=match.matched_blocks, hbm_blocks=match.hbm_blocks, host_blocks=match.host_blocks,
-            pool_blocks=match.pool_blocks, cached_blocks=min(state.recorded_blocks, capacity.total_blocks),
+            pool_blocks=match.pool_blocks, in_flight_blocks=match.in_flight_blocks,
+            cached_blocks=min(state.recorded_blocks, capacity.total_blocks),
             in_flight=state.in_flight, kv_demand_bytes=state.kv_demand_bytes,
             outstanding_prefill_s=state.outstanding_prefill_s, kv_capacity_bytes=state.kv_capacity_bytes,
             num_requests_waiting=m.num_requests_waiting, num_requests_running=m.num_requests_running,

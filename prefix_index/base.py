@@ -79,12 +79,15 @@ class BlockMatch:
         host_blocks: how many are in the host tier.
         pool_blocks: how many, past the backend's own, only a fleet-shared KV pool holds
             (`prefix_index.pool`); ``hbm_blocks + host_blocks + pool_blocks == matched_blocks``.
+        in_flight_blocks: how many of the leading blocks requests in flight on that backend
+            hold (`prefix_index.pending`), ≤ ``hbm_blocks``: KV already charged to them.
     """
 
     matched_blocks: int
     hbm_blocks: int
     host_blocks: int
     pool_blocks: int = 0
+    in_flight_blocks: int = 0
 
 
 NO_MATCH = BlockMatch(0, 0, 0)

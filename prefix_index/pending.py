@@ -73,9 +73,11 @@ class PendingChains:
             if chains and len(hashes):
                 pending = max(_common_prefix(hashes, chain) for chain in chains)
                 if pending > match.matched_blocks:
-                    match = BlockMatch(pending, pending, 0)
+                    match = BlockMatch(pending, pending, 0, 0, pending)
                 elif pending > match.hbm_blocks:
-                    match = BlockMatch(match.matched_blocks, pending, match.matched_blocks - pending)
+                    match = BlockMatch(match.matched_blocks, pending, match.matched_blocks - pending, 0, pending)
+                elif pending:
+                    match = BlockMatch(match.matched_blocks, match.hbm_blocks, match.host_blocks, 0, pending)
             out[backend_id] = match
         return out
 

@@ -48,5 +48,6 @@ def with_pool(matches: Mapping[str, BlockMatch], backend_ids: Iterable[str]) -> 
     for bid in backend_ids:
         own = out.get(bid, NO_MATCH)
         if depth > own.matched_blocks:
-            out[bid] = BlockMatch(depth, own.hbm_blocks, own.host_blocks, depth - own.matched_blocks)
+            out[bid] = BlockMatch(depth, own.hbm_blocks, own.host_blocks, depth - own.matched_blocks,
+                                  own.in_flight_blocks)
     return out

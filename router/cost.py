@@ -135,6 +135,8 @@ class RequestShape:
         output_tokens: tokens to generate (max_tokens).
         cached_pool_tokens: prefix tokens found only in the fleet-shared KV pool (loaded
             from it; 0 without a pool).
+        held_tokens: prefix tokens whose KV other requests in flight on the backend already
+            hold (and were charged for): left out of ``kv_demand_bytes``, ≤ cached_hbm_tokens.
     """
 
     cached_hbm_tokens: float
@@ -142,6 +144,7 @@ class RequestShape:
     new_tokens: float
     output_tokens: float = 1
     cached_pool_tokens: float = 0.0
+    held_tokens: float = 0.0
 
     @property
     def cached_tokens(self) -> float:
@@ -222,7 +225,7 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         e2e_s=ttft + decode_time,
         energy_j=energy,
         load_bytes=load_bytes,
-        kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens),
+        kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens - min(shape.held_tokens, shape.cached_hbm_tokens)),
         kappa_ratio=k.kappa_ratio(cached, shape.new_tokens),
         kappa_crit=c.kappa_crit(kappa_hw, new),
         regime=Regime.TRANSFER if t_load > t_compute else Regime.COMPUTE,

@@ -44,6 +44,8 @@ class BackendView:
         matched_blocks, hbm_blocks, host_blocks: the prefix index's match for this request.
         pool_blocks: blocks past this backend's own match that the fleet-shared KV pool holds
             (loadable from it; included in ``matched_blocks``).
+        in_flight_blocks: leading blocks that requests the gateway has in flight there hold
+            (their KV is already in ``kv_demand_bytes``: not charged again).
         cached_blocks: blocks the index holds for this backend (its "tree size").
         in_flight: requests the gateway has sent there and not seen finish.
         kv_demand_bytes: KV bytes charged to those requests ((K+T+max_tokens)·B_kv each).
@@ -67,6 +69,7 @@ class BackendView:
     num_requests_running: int = 0
     kv_cache_usage_ratio: float = 0.0
     pool_blocks: int = 0
+    in_flight_blocks: int = 0
 
     @property
     def free_kv_bytes(self) -> float:

@@ -307,7 +307,7 @@ class Simulator:
             views.append(BackendView(
                 backend_id=bid, spec=b.config.spec,
                 matched_blocks=m.matched_blocks, hbm_blocks=m.hbm_blocks, host_blocks=m.host_blocks,
-                pool_blocks=m.pool_blocks, cached_blocks=min(b.recorded_blocks, capacities[bid].total_blocks),
+                pool_blocks=m.pool_blocks, in_flight_blocks=m.in_flight_blocks, cached_blocks=min(b.recorded_blocks, capacities[bid].total_blocks),
                 in_flight=b.in_flight, kv_demand_bytes=b.kv_demand_bytes,
                 outstanding_prefill_s=b.outstanding_prefill_s, kv_capacity_bytes=b.kv_capacity_bytes,
                 num_requests_waiting=b.waiting, num_requests_running=b.running, kv_cache_usage_ratio=b.kv_usage))

@@ -66,6 +66,18 @@ def test_kappa_charges_the_prefill_work_a_move_would_add(work_weight: float, exp
     assert chosen("kappa", features(40_000), views, work_weight=work_weight) == expected
 
 
+@pytest.mark.parametrize(("in_flight_blocks", "expected"), [(0, "idle"), (600, "holder")])
+def test_kv_held_by_requests_in_flight_is_not_charged_twice(in_flight_blocks: int, expected: str) -> None:
+    """38,400 prefix tokens in HBM, 1 GB of KV left by the ledger: the follow-up needs 40,064 tokens × 131,072 B
+    = 5.25 GB if its prefix is charged again, 1,664 tokens = 0.22 GB if requests in flight there already hold it."""
+    holder = view("holder", hbm_blocks=600, matched_blocks=600, in_flight_blocks=in_flight_blocks,
+                  kv_demand_bytes=KV_CAPACITY - 1e9)
+    decision = decide(build_policy("kappa"), features(40_000), [holder, view("idle")], random.Random(0))
+    assert decision.chosen.backend_id == expected
+    charged = next(c for c in decision.ranked if c.backend_id == "holder").estimate.kv_demand_bytes
+    assert charged == (1_664 if in_flight_blocks else 40_064) * 131_072
+
+
 def test_kappa_ties_go_to_lower_energy() -> None:
     # Tiny request: both finish within the tie band; the capped H100 draws less.
     views = [view("b200"), view("h100", H100_CAPPED)]
