@@ -51,11 +51,11 @@ def pool_num_blocks(settings: Settings, catalog: Catalog, backends: Sequence[Bac
         raise ValueError("a shared KV pool needs a kv_pool section and at least one local backend")
     model = settings.model_profile(catalog, backends[0].model)
     block_bytes = kappa.b_kv_bytes(model) * EngineConfig().block_size_tokens
-    num_blocks = int(settings.kv_pool.capacity_gb * GB // block_bytes)
-    if num_blocks < 1:
+    try:
+        return SharedKVPool.with_capacity(settings.kv_pool.capacity_gb * GB, block_bytes).num_blocks
+    except ValueError:
         raise ValueError(f"kv_pool.capacity_gb {settings.kv_pool.capacity_gb:g} holds no {block_bytes:,.0f}-byte "
-                         f"KV block of {model.name}")
-    return num_blocks
+                         f"KV block of {model.name}") from None
 
 
 def build_pooled_apps(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *,

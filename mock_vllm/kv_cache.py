@@ -67,6 +67,19 @@ class SharedKVPool:
         self.stored_blocks_total = 0
         self.loaded_blocks_total = 0
 
+    @classmethod
+    def with_capacity(cls, capacity_bytes: float, block_bytes: float) -> SharedKVPool:
+        """A pool of ``capacity_bytes`` counted in blocks of ``block_bytes`` (one engine
+        block's KV: B_kv × block size).
+
+        Raises:
+            ValueError: the capacity holds no block.
+        """
+        num_blocks = int(capacity_bytes // block_bytes)
+        if num_blocks < 1:
+            raise ValueError(f"a KV pool of {capacity_bytes:,.0f} bytes holds no {block_bytes:,.0f}-byte KV block")
+        return cls(num_blocks)
+
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._lru
 
@@ -92,9 +105,6 @@ class SharedKVPool:
     def touch(self, block_hash: int) -> None:
         """A block in the pool was used again (it becomes most recent); KeyError if absent."""
         self._lru.move_to_end(block_hash)
-
-    def clear(self) -> None:
-        self._lru.clear()
 
 
 class PagedKVCache:

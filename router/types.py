@@ -92,11 +92,6 @@ class Candidate:
     def cached_tokens(self) -> int:
         return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_pool_tokens
 
-    @property
-    def loaded_tokens(self) -> int:
-        """Cached tokens that must be moved into HBM (host tier plus pool)."""
-        return self.cached_host_tokens + self.cached_pool_tokens
-
 
 @dataclass(frozen=True, slots=True)
 class Decision:

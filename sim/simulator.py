@@ -207,8 +207,8 @@ class Simulator:
         if not served:
             raise ValueError(f"no backend serves model {self.model!r}")
         # The KV store the backends share, sized in the engines' 16-token blocks (as the mock fleet does).
-        self._kv_pool = None if fleet.pool_bytes is None else SharedKVPool(
-            max(int(fleet.pool_bytes // (kappa.b_kv_bytes(served[0].spec.model) * served[0].engine.block_size_tokens)), 1))
+        self._kv_pool = None if fleet.pool_bytes is None else SharedKVPool.with_capacity(
+            fleet.pool_bytes, kappa.b_kv_bytes(served[0].spec.model) * served[0].engine.block_size_tokens)
         self._backends = [_Backend(b, self._kv_pool) for b in served]
         self._by_id = {b.config.id: b for b in self._backends}
         self._position = {b.config.id: i for i, b in enumerate(self._backends)}
