@@ -17,17 +17,19 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# The source tree stays at /app and is installed in editable mode: gateway/catalog.py reads the
+# The source tree stays at /app and is installed in editable mode: fleet_config/catalog.py reads the
 # model and hardware catalogs from config/ beside the packages (CONFIG_DIR = parents[1] of
-# gateway/catalog.py), which a regular install into site-packages would leave behind.
+# fleet_config/catalog.py), which a regular install into site-packages would leave behind.
 COPY gateway/ gateway/
+COPY dispatch/ dispatch/
+COPY fleet_config/ fleet_config/
 COPY router/ router/
 COPY prefix_index/ prefix_index/
 COPY mock_vllm/ mock_vllm/
 COPY sim/ sim/
 COPY config/ config/
 RUN pip install --no-cache-dir --no-deps -e . \
-    && python -c "from gateway.catalog import default_catalog; default_catalog()"
+    && python -c "from fleet_config.catalog import default_catalog; default_catalog()"
 
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kappa
 USER kappa

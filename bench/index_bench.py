@@ -40,7 +40,7 @@ import redis.asyncio as aredis
 from rich.console import Console
 from rich.table import Table
 
-from gateway.processes import free_port, stop_processes
+from gateway.commands.processes import free_port, stop_processes
 from prefix_index import (
     BYTES_PER_TOKEN_ESTIMATE,
     DEFAULT_BLOCK_SIZE_TOKENS,

@@ -66,10 +66,10 @@ from overhead_report import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.processes import free_port, stop_processes
+from gateway.commands.processes import free_port, stop_processes
 
-from gateway.catalog import default_catalog
-from gateway.settings import parse_settings
+from fleet_config.catalog import default_catalog
+from fleet_config.settings import parse_settings
 
 BENCH_DIR = Path(__file__).resolve().parent
 MODEL, HARDWARE, N_BACKENDS = "llama-3.1-8b", "h100-sxm", 8

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from gateway import routing
-from gateway.cli import main
+from gateway.commands.cli import main
 
 _Service = routing.RoutingService
 _parse, _plan = _Service.parse, _Service.plan

@@ -35,10 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from gateway.catalog import CONFIG_DIR, default_catalog  # noqa: E402
-from gateway.settings import load_settings  # noqa: E402
+from fleet_config.catalog import CONFIG_DIR, default_catalog  # noqa: E402
+from fleet_config.settings import load_settings  # noqa: E402
 from router.policies import POLICY_NAMES  # noqa: E402
-from sim.fleet import Fleet, fleet_from_config  # noqa: E402
+from sim.fleet import Fleet, fleet_from_settings  # noqa: E402
 from sim.lower_bound import lower_bound_ratios, lower_bound_summary, lower_bound_ttfts  # noqa: E402
 from sim.report import DEFAULT_TTFT_SLO_S, policy_report  # noqa: E402
 from sim.runner import SimJob, run_jobs  # noqa: E402
@@ -75,7 +75,7 @@ PLAN: dict[str, Plan] = {
 
 def load_fleets() -> dict[str, Fleet]:
     catalog = default_catalog()
-    return {name: fleet_from_config(load_settings(CONFIG_DIR / "fleets" / f"{name}.yaml", catalog, env={}).model_dump(),
+    return {name: fleet_from_settings(load_settings(CONFIG_DIR / "fleets" / f"{name}.yaml", catalog, env={}),
                                     catalog) for name in FLEETS}
 
 

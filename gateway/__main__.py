@@ -1,5 +1,5 @@
 """``python -m gateway`` runs the ``kappa-gateway`` command line."""
 
-from gateway.cli import main
+from gateway.commands.cli import main
 
 main()

@@ -21,12 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from gateway.errors import GatewayError, error_body
 from gateway.lifespan import open_gateway
 from gateway.proxy import proxy
 from gateway.routes import admin, openai
-from gateway.settings import Settings
+from fleet_config.settings import Settings
 from gateway.telemetry import Telemetry
 from router.errors import NoEligibleBackend
 from router.profiles import Catalog
@@ -68,7 +68,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
     """Build the gateway app.
 
     Args:
-        settings: validated config (`gateway.settings.load_settings`).
+        settings: validated config (`fleet_config.settings.load_settings`).
         catalog: model/hardware catalog (default: the shipped one).
         registry: Prometheus registry for this app's metrics (default: a fresh one).
         clock: monotonic seconds, for TTFT/ITL/E2E and decision timing.

@@ -1,7 +1,6 @@
 """The gateway's errors and their OpenAI-style HTTP form.
 
     GatewayError                      500 server_error
-    ├── ConfigError                   (start-up only: a bad config file or key, with its path)
     ├── BadRequest                    400 invalid_request_error
     ├── ModelNotFound                 404 not_found_error
     ├── PayloadTooLarge               413 invalid_request_error
@@ -35,10 +34,6 @@ class GatewayError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.status, self.param)
-
-
-class ConfigError(GatewayError, ValueError):
-    """The config file or a key in it is invalid (raised at start-up; the message has the path)."""
 
 
 class BadRequest(GatewayError):

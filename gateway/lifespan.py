@@ -1,4 +1,4 @@
-"""The composition root: opens the upstream client, the index, the pool, in order; closes in reverse.
+"""The composition root: opens the upstream client, the index, the backend set, in order; closes in reverse.
 
 Redis is used when the config's ``index.backend`` is ``redis`` (``KAPPA_REDIS_URL`` sets it);
 otherwise the embedded in-memory index.
@@ -15,9 +15,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
 
-from gateway.pool import BackendPool, BackendState
+from gateway.backends import BackendSet, BackendState
 from gateway.routing import RoutingService
-from gateway.settings import Settings
+from fleet_config.settings import Settings
 from gateway.state import GatewayState
 from gateway.telemetry import Telemetry
 from gateway.upstream import make_session
@@ -56,21 +56,21 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
             except PrefixIndexError as exc:
                 log.warning("Redis index at %s unreachable at start-up (%s): serving without prefix matches until "
                             "it answers", settings.index.redis_url, exc)
-        states = [BackendState(b, settings.backend_spec(catalog, b)) for b in settings.backends]
+        states = [BackendState.of(b, settings.backend_spec(catalog, b)) for b in settings.backends]
         routing: RoutingService | None = None
 
         async def forget(backend_id: str) -> None:
             if routing is not None:
                 await routing.forget(backend_id)
 
-        pool = BackendPool(states, probe_session, telemetry, on_restart=forget,
+        backends = BackendSet(states, probe_session, telemetry, on_restart=forget,
                            health_interval_s=g.health_interval_s, scrape_interval_s=g.scrape_interval_s)
-        routing = RoutingService(settings, pool, index, build_policy(settings.routing.policy, settings.routing.params),
+        routing = RoutingService(settings, backends, index, build_policy(settings.routing.policy, settings.routing.params),
                                  telemetry, BytesPerToken(default=settings.index.bytes_per_token),
                                  random.Random(settings.routing.seed), clock)
-        state = GatewayState(settings, catalog, telemetry, session, index, pool, routing, clock)
-        await pool.start()
-        stack.push_async_callback(pool.stop)
+        state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock)
+        await backends.start()
+        stack.push_async_callback(backends.stop)
         stack.push_async_callback(state.drain)
         healthy = sum(s.healthy for s in states)
         log.info("gateway ready: %d/%d backends healthy, policy %s, %s index", healthy, len(states),

@@ -79,8 +79,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
     up_headers = forward_headers(request.headers, request_id)
     last_error: UpstreamError | None = None
     for candidate in plan.decision.ranked[: 1 + RETRIES_BEFORE_FIRST_BYTE]:
-        state = plan.states[candidate.backend_id]
-        idle = state.in_flight == 0  # a clean sample for the κ_crit fit if nothing else ran there
+        state = plan.targets[candidate.backend_id]
+        idle = state.ledger.in_flight == 0  # a clean sample for the κ_crit fit if nothing else ran there
         ticket = gw.routing.charge(plan, candidate)
         try:
             resp, first = await open_response(
@@ -92,7 +92,7 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
                 raise
             gw.telemetry.retries.labels(state.id).inc()
             if isinstance(exc, UpstreamUnavailable):
-                gw.pool.mark_down(state, exc.message)
+                gw.backends.mark_down(state, exc.message)
             log.warning("request %s: %s failed before the first byte: %s", request_id, state.id, exc.message)
             last_error = exc
             continue
@@ -197,7 +197,7 @@ class _Relay:
         series = t.backend(backend)
         if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
             series.ttft.observe(obs.ttft_s)
-            fit = self.plan.states[backend].kappa_fit
+            fit = self.plan.targets[backend].kappa_fit
             if not c.cached_pool_tokens:  # the fit is of the host link; pool loads run at another rate
                 fit.observe(new_tokens=c.new_tokens, cached_host_tokens=c.cached_host_tokens, ttft_s=obs.ttft_s,
                             backend_idle=self.backend_idle)

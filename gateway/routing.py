@@ -1,17 +1,16 @@
-"""From a request body to a ranked routing decision: parse, hash, look up, decide, charge.
+"""The gateway's routing: parse and hash a body, then the shared pipeline (`dispatch`).
 
-Steps 1–4 of DESIGN.md §1. The body is parsed once (orjson) and validated minimally —
-enough to route and to answer bad input with a clear 400 — then canonicalised and hashed
-(`prefix_index`), matched against every eligible backend in one index call, turned into
-`router.types.BackendView` snapshots and ranked by the configured policy
-(`router.decide`). Index trouble degrades routing (no prefix match, a counter, one warning
-per outage), never the request.
+Steps 1–2 of DESIGN.md §1 live here: the body is parsed once (orjson) and validated
+minimally — enough to route and to answer bad input with a clear 400 — then canonicalised
+and hashed (`prefix_index`). Steps 3–4 and the bookkeeping are `dispatch.Dispatcher`'s, the
+code the simulator runs too; this module gives it the gateway's backends, telemetry and
+clock. Index trouble degrades routing (no prefix match, a counter, one warning per
+outage), never the request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import time
@@ -21,33 +20,26 @@ from typing import Any, Literal
 
 import orjson
 
+from dispatch import Dispatcher, Plan, RoutableRequest, Ticket
+from fleet_config.settings import Settings
+from gateway.backends import BackendSet, BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend
-from gateway.pool import BackendPool, BackendState, Ticket
-from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from prefix_index import (
-    BlockMatch,
     CanonicalizationError,
-    POOL_ID,
-    PendingChains,
     PrefixIndex,
     PrefixIndexError,
-    TierCapacity,
     block_hashes,
     block_size_bytes,
     cache_salt,
     chain_seed,
     chat_canonical_bytes,
     completion_canonical_bytes,
-    pool_capacity,
-    with_pool,
 )
-from router import kappa
-from router.profiles import GB
 from router.calibration import BytesPerToken
-from router.decide import decide
 from router.policies import Policy
-from router.types import BackendView, Candidate, Decision, RequestFeatures
+from router.profiles import GB
+from router.types import Candidate
 
 log = logging.getLogger("kappa_gateway.routing")
 
@@ -57,31 +49,18 @@ Kind = Literal["chat", "completion"]
 DEFAULT_MAX_TOKENS_ESTIMATE = 256
 # At most one "index unavailable" warning per this many seconds; gateway_index_errors_total counts every failure.
 INDEX_WARNING_INTERVAL_S = 60.0
-_NO_MATCH = BlockMatch(0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    """A validated request body and what routing derived from it."""
+class ParsedRequest(RoutableRequest):
+    """A validated request body and what routing derived from it (model, hashes, sizes)."""
 
     kind: Kind
     body: dict[str, Any]
-    model: str
     stream: bool
-    max_tokens: int
-    prompt_bytes: int
-    hashes: list[int]
 
 
-@dataclass(frozen=True, slots=True)
-class RoutePlan:
-    """A decision plus what the relay needs to charge and report it."""
-
-    request: ParsedRequest
-    features: RequestFeatures
-    decision: Decision
-    states: dict[str, BackendState]
-    index_ok: bool
+RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
 
 
 class RoutingService:
@@ -89,7 +68,7 @@ class RoutingService:
 
     Args:
         settings: validated config.
-        pool: backend states and the ledger.
+        backends: backend states (health, scrape, ledger).
         index: the prefix index (memory or Redis).
         policy: the configured policy.
         telemetry: metrics.
@@ -98,30 +77,24 @@ class RoutingService:
         clock: monotonic seconds (injected for tests).
     """
 
-    def __init__(self, settings: Settings, pool: BackendPool, index: PrefixIndex, policy: Policy,
+    def __init__(self, settings: Settings, backends: BackendSet, index: PrefixIndex, policy: Policy,
                  telemetry: Telemetry, calibration: BytesPerToken, rng: random.Random,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.settings = settings
-        self.pool = pool
-        self.index = index
-        self.policy = policy
+        self.backends = backends
         self.telemetry = telemetry
-        self.calibration = calibration
-        self.rng = rng
         self.clock = clock
-        self.block_bytes = block_size_bytes(settings.index.block_size_tokens, settings.index.bytes_per_token)
         self.served_models = set(settings.served_models())
-        self.pending = PendingChains()  # chains of the requests in flight, by backend
-        # A KV store the fleet shares (config kv_pool): its chains live in the index under POOL_ID.
-        self.pool_bytes = settings.kv_pool.capacity_gb * GB if settings.kv_pool is not None else None
+        self.block_bytes = block_size_bytes(settings.index.block_size_tokens, settings.index.bytes_per_token)
+        kv_pool_bytes = settings.kv_pool.capacity_gb * GB if settings.kv_pool is not None else None
+        self.dispatcher = Dispatcher(index, policy, rng, calibration, block_size_bytes=self.block_bytes,
+                                     kv_pool_bytes=kv_pool_bytes, hooks=self, clock=clock, gather=asyncio.gather)
         self._index_degraded = False
         self._warned_at_s: float | None = None  # clock() of the last "unavailable" warning
         self._errors_since_warning = 0
         self._recovery_owed = False
-        self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
         self._decision_seconds = telemetry.decision_seconds.labels(policy.name)
-        self._match_seconds = telemetry.index_seconds.labels("match")
-        self._record_seconds = telemetry.index_seconds.labels("record")
+        self._index_seconds = {op: telemetry.index_seconds.labels(op) for op in ("match", "record", "forget")}
 
     # -- parsing -------------------------------------------------------------------------
     def parse(self, kind: Kind, raw: bytes) -> ParsedRequest:
@@ -158,7 +131,8 @@ class RoutingService:
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
-        return ParsedRequest(kind, body, model, bool(stream), max_tokens, len(data), hashes)
+        return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
+                             body=body, stream=bool(stream))
 
     @staticmethod
     def _max_tokens(body: dict[str, Any], kind: Kind) -> int:
@@ -172,150 +146,56 @@ class RoutingService:
             return value
         return DEFAULT_MAX_TOKENS_ESTIMATE
 
-    # -- deciding ------------------------------------------------------------------------
-    def capacity(self, state: BackendState, model: str) -> TierCapacity:
-        """A backend's KV capacity in index blocks, HBM and host tier (recomputed only when
-        the scraped capacity or the bytes/token calibration moved)."""
-        inputs = (state.kv_capacity_bytes, self.calibration.get(model))
-        cached = self._capacities.get((state.id, model))
-        if cached is not None and cached[0] == inputs:
-            return cached[1]
-        block_kv_bytes = self.tokens_per_block(model) * kappa.b_kv_bytes(state.spec.model)
-        capacity = TierCapacity(int(state.kv_capacity_bytes // block_kv_bytes),
-                                int(state.host_tier_bytes // block_kv_bytes))
-        self._capacities[(state.id, model)] = (inputs, capacity)
-        return capacity
-
-    def pool_capacity(self, state: BackendState, model: str) -> TierCapacity | None:
-        """The shared KV pool's capacity in index blocks of ``model`` (None without a pool);
-        ``state`` is any backend serving it (for B_kv)."""
-        if self.pool_bytes is None:
-            return None
-        return pool_capacity(self.pool_bytes, self.tokens_per_block(model) * kappa.b_kv_bytes(state.spec.model))
-
-    def tokens_per_block(self, model: str) -> float:
-        return self.block_bytes / self.calibration.get(model)
-
+    # -- deciding and bookkeeping (the shared pipeline) ----------------------------------
     async def plan(self, parsed: ParsedRequest, *, dry_run: bool = False) -> RoutePlan:
-        """Rank the eligible backends for a parsed request.
-
-        ``dry_run`` (the explain endpoint) decides on copies of the policy and the random
-        generator, so explaining a request leaves the next real decision as it would have
-        been (round-robin's turn, tie-breaks), and is not timed in the decision histogram.
+        """Rank the healthy backends serving the request's model (`dispatch.Dispatcher.plan`).
 
         Raises:
             NoHealthyBackend: no healthy backend serves the model.
         """
-        states = self.pool.eligible(parsed.model)
-        if not states:
+        targets = self.backends.eligible(parsed.model)
+        if not targets:
             raise NoHealthyBackend(f"No healthy backend is serving `{parsed.model}` right now.")
-        capacities = {s.id: self.capacity(s, parsed.model) for s in states}
-        pool = self.pool_capacity(states[0], parsed.model)
-        lookup = capacities if pool is None else {**capacities, POOL_ID: pool}
-        matches, index_ok = await self._match(parsed, lookup)
-        matches = self.pending.overlay(parsed.model, parsed.hashes, matches, lookup)
-        if pool is not None:
-            matches = with_pool(matches, capacities)
-        tokens_per_block = self.tokens_per_block(parsed.model)
-        features = RequestFeatures(
-            model=parsed.model,
-            prompt_tokens=max(round(parsed.prompt_bytes / self.calibration.get(parsed.model)), 1),
-            max_tokens=parsed.max_tokens,
-            prompt_blocks=len(parsed.hashes),
-            block_size_tokens=tokens_per_block,
-        )
-        views = [self._view(s, matches.get(s.id, _NO_MATCH), capacities[s.id]) for s in states]
-        if dry_run:
-            rng = random.Random()
-            rng.setstate(self.rng.getstate())
-            decision = decide(copy.deepcopy(self.policy), features, views, rng)
-        else:
-            start = self.clock()
-            decision = decide(self.policy, features, views, self.rng)
-            self._decision_seconds.observe(self.clock() - start)
-        return RoutePlan(parsed, features, decision, {s.id: s for s in states}, index_ok)
+        return await self.dispatcher.plan(parsed, targets, dry_run=dry_run)
 
-    async def _match(self, parsed: ParsedRequest, capacities: dict[str, TierCapacity]) -> tuple[dict[str, BlockMatch], bool]:
-        if not parsed.hashes:
-            return {}, True
-        start = self.clock()
-        try:
-            matches = await self.index.match(parsed.model, parsed.hashes, capacities)
-        except PrefixIndexError as exc:
-            self._degraded("match", exc)
-            return {}, False
-        self._match_seconds.observe(self.clock() - start)
-        self._recovered()
-        return matches, True
-
-    @staticmethod
-    def _view(state: BackendState, match: BlockMatch, capacity: TierCapacity) -> BackendView:
-        m = state.metrics
-        return BackendView(
-            backend_id=state.id, spec=state.spec,
-            matched_blocks=match.matched_blocks, hbm_blocks=match.hbm_blocks, host_blocks=match.host_blocks,
-            pool_blocks=match.pool_blocks, in_flight_blocks=match.in_flight_blocks,
-            cached_blocks=min(state.recorded_blocks, capacity.total_blocks),
-            in_flight=state.in_flight, kv_demand_bytes=state.kv_demand_bytes,
-            outstanding_prefill_s=state.outstanding_prefill_s, kv_capacity_bytes=state.kv_capacity_bytes,
-            num_requests_waiting=m.num_requests_waiting, num_requests_running=m.num_requests_running,
-            kv_cache_usage_ratio=m.kv_cache_usage_ratio,
-        )
-
-    # -- accounting ----------------------------------------------------------------------
     def charge(self, plan: RoutePlan, candidate: Candidate) -> Ticket:
-        """Charge a candidate's KV demand and prefill to its backend's ledger, now, and mark
-        its chain as in flight there (`prefix_index.pending`) until the request ends: its
-        prefill computes the chain into that backend's HBM, and vLLM does not evict the
-        blocks of a running request."""
-        state = plan.states[candidate.backend_id]
-        est = candidate.estimate
-        model, hashes = plan.request.model, plan.request.hashes
-        self.pending.add(model, state.id, hashes)
-        return Ticket(state, est.kv_demand_bytes, est.prefill_s,
-                      on_finish=lambda: self.pending.remove(model, state.id, hashes))
+        """Charge a candidate to its backend's ledger now (`dispatch.Dispatcher.charge`)."""
+        return self.dispatcher.charge(plan, candidate)
 
     async def record(self, model: str, state: BackendState, hashes: list[int]) -> None:
-        """The backend now caches this chain (its prefill ran), and so does the shared KV pool
-        if there is one (the backend writes through to it): tell the index."""
-        if not hashes:
-            return
-        start = self.clock()
-        pool = self.pool_capacity(state, model)
-        try:
-            if pool is None:
-                await self.index.record(model, state.id, hashes, self.capacity(state, model))
-            else:  # both in the same event-loop turn: one batched index call
-                await asyncio.gather(self.index.record(model, state.id, hashes, self.capacity(state, model)),
-                                     self.index.record(model, POOL_ID, hashes, pool))
-        except PrefixIndexError as exc:
-            self._degraded("record", exc)
-            return
-        state.recorded_blocks += len(hashes)
-        self._record_seconds.observe(self.clock() - start)
+        """The backend (and the shared KV pool) now caches this chain: tell the index."""
+        await self.dispatcher.record(model, state, hashes)
 
     async def forget(self, backend_id: str) -> None:
-        """Drop a restarted backend's entries (the pool's restart hook)."""
-        try:
-            await self.index.forget(backend_id)
-        except PrefixIndexError as exc:
-            self._degraded("forget", exc)
-            return
-        self.pool.by_id[backend_id].recorded_blocks = 0
+        """Drop a restarted backend's entries (the backend set's restart hook)."""
+        await self.dispatcher.forget(self.backends.by_id[backend_id])
 
     def observe_usage(self, plan: RoutePlan, candidate: Candidate, usage: dict[str, Any]) -> None:
         """Feed a response's usage into bytes/token calibration and index-accuracy metrics."""
         prompt_tokens = usage.get("prompt_tokens")
         if not isinstance(prompt_tokens, int):
             return
-        if self.calibration.observe(plan.request.model, plan.request.prompt_bytes, prompt_tokens):
-            self.telemetry.bytes_per_token.labels(plan.request.model).set(self.calibration.get(plan.request.model))
+        model = plan.request.model
+        if self.dispatcher.observe_prompt_tokens(model, plan.request.prompt_bytes, prompt_tokens):
+            self.telemetry.bytes_per_token.labels(model).set(self.dispatcher.calibration.get(model))
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if isinstance(cached, int):
             series = self.telemetry.backend(candidate.backend_id)
             series.cached_estimated.inc(candidate.cached_tokens)
             series.cached_reported.inc(cached)
+
+    # -- dispatch.DispatchHooks ------------------------------------------------------------
+    def decided(self, seconds: float) -> None:
+        self._decision_seconds.observe(seconds)
+
+    def index_answered(self, op: str, seconds: float) -> None:
+        self._index_seconds[op].observe(seconds)
+        if op == "match":
+            self._recovered()
+
+    def index_failed(self, op: str, exc: PrefixIndexError) -> None:
+        self._degraded(op, exc)
 
     def _degraded(self, op: str, exc: Exception) -> None:
         """Count an index failure; warn at the start of an outage, at most once per

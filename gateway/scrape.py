@@ -7,23 +7,9 @@ headers say. Series are summed over the ``engine`` label (a data-parallel server
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from prometheus_client.parser import text_string_to_metric_families
 
-
-@dataclass(frozen=True, slots=True)
-class BackendMetrics:
-    """One scrape. ``None`` where the backend did not export the figure."""
-
-    num_requests_waiting: int = 0
-    num_requests_running: int = 0
-    kv_cache_usage_ratio: float = 0.0  # vllm:kv_cache_usage_perc is a 0..1 fraction despite its name
-    block_size_tokens: int | None = None
-    num_gpu_blocks: int | None = None
-    process_start_time_s: float | None = None
-    prefix_cache_queries_tokens: float = 0.0
-    prefix_cache_hits_tokens: float = 0.0
+from dispatch import BackendMetrics
 
 
 def parse_vllm_metrics(text: str) -> BackendMetrics:

@@ -10,9 +10,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.pool import BackendPool
+from gateway.backends import BackendSet
 from gateway.routing import RoutingService
-from gateway.settings import Settings
+from fleet_config.settings import Settings
 from gateway.telemetry import Telemetry
 from prefix_index import PrefixIndex
 from router.profiles import Catalog
@@ -27,7 +27,7 @@ class GatewayState:
     telemetry: Telemetry
     session: aiohttp.ClientSession
     index: PrefixIndex
-    pool: BackendPool
+    backends: BackendSet
     routing: RoutingService
     clock: Callable[[], float] = time.perf_counter
     ready: bool = False

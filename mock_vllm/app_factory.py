@@ -1,68 +1,104 @@
-"""Builds a mock vLLM server app from catalog profiles and vLLM-style settings.
+"""Builds a mock vLLM server app for one backend of a fleet config.
 
-The glue between ``kappa-gateway mock-vllm`` (which reads the catalog) and
-`mock_vllm.server.create_app` (which takes a ready engine): profiles in, app out, no files
-or environment read here.
+The mock takes the same backend entry the gateway routes to (`fleet_config.BackendEntry`):
+its router figures come from `fleet_config.Settings.backend_spec` (model, hardware, TP,
+power cap, host link, load overlap, pool link) and its engine's from `engine_config` (host
+tier, KV block override), so a mock honours every field the gateway reads, whoever starts
+it (``kappa-gateway mock-vllm``, ``mock-fleet``, the simulator, the tests). No files or
+environment are read here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from fleet_config import BackendEntry, Settings, parse_settings
+from fleet_config.settings import ModelEntry
 from mock_vllm.engine import MockEngine
 from mock_vllm.kv_cache import SharedKVPool
 from mock_vllm.server import create_app
 from mock_vllm.types import EngineConfig
-from router.cost import BackendSpec
-from router.profiles import GB, HardwareProfile, ModelProfile
+from router.capacity import VLLM_BLOCK_SIZE_TOKENS, kv_block_bytes
+from router.profiles import GB, Catalog
+
+STANDALONE_ID = "mock"
 
 
-def build_app(
-    model: ModelProfile,
-    hardware: HardwareProfile,
-    *,
-    host_tier_gb: float = 0.0,
-    power_cap_w: float | None = None,
-    tensor_parallel: int = 1,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    num_gpu_blocks_override: int | None = None,
-    time_scale: float = 1.0,
-    served_model_name: str | None = None,
-    registry: CollectorRegistry | None = None,
-    pool: SharedKVPool | None = None,
-    pool_link_gb_s: float | None = None,
-) -> FastAPI:
-    """A mock vLLM app for ``model`` on ``hardware``.
+def engine_config(backend: BackendEntry, *, max_num_seqs: int | None = None,
+                  max_num_batched_tokens: int | None = None) -> EngineConfig:
+    """The engine settings of a configured backend: host tier (GB → bytes), KV block override,
+    and vLLM's batching limits (``None`` keeps `EngineConfig`'s defaults, 256 and 8192)."""
+    limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    return EngineConfig(host_tier_bytes=backend.host_tier_gb * GB, num_gpu_blocks_override=backend.num_gpu_blocks_override,
+                        **{k: v for k, v in limits.items() if v is not None})
+
+
+def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalog, *, time_scale: float = 1.0,
+                      pool: SharedKVPool | None = None, registry: CollectorRegistry | None = None,
+                      max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> FastAPI:
+    """A mock vLLM app impersonating ``backend`` of ``settings``.
 
     Args:
-        model, hardware: catalog profiles.
-        host_tier_gb: CPU offload tier for evicted KV blocks, GB (10^9 bytes); 0 = none.
-        power_cap_w: board power cap, W (``None``: TDP).
-        tensor_parallel: GPUs in the TP group, ≥ 1.
-        max_num_seqs, max_num_batched_tokens: vLLM's flags; ``None`` keeps `EngineConfig`'s
-            defaults (256 and 8192).
-        num_gpu_blocks_override: KV blocks instead of what HBM allows (vLLM
-            ``--num-gpu-blocks-override``); ``None`` sizes the cache from HBM.
+        settings: the validated fleet config ``backend`` belongs to.
+        backend: one of ``settings.backends``; it serves ``backend.model`` under that name.
+        catalog: the profiles the config names.
         time_scale: wall seconds per engine second, > 0 (0.01 = 100× faster than real time).
-        served_model_name: the name clients use; defaults to the catalog model name.
+        pool: the fleet-shared KV pool this mock writes its prefilled blocks to and loads
+            prefix misses from (`shared_kv_pool`); share one object between the apps of one
+            process. Needs a ``kv_pool`` section (the pool link comes from it).
         registry: metrics registry; a fresh one when ``None``.
-        pool: a fleet-shared KV pool (`mock_vllm.kv_cache.SharedKVPool`) this mock writes its
-            prefilled blocks to and loads prefix misses from; share one object between the
-            apps of one process to model a fleet's pool. ``None``: no pool.
-        pool_link_gb_s: sustained pool → HBM bandwidth of the whole TP group, GB/s, > 0;
-            required with ``pool``, ignored by the engine without one.
+        max_num_seqs, max_num_batched_tokens: vLLM's batching flags.
 
     Raises:
-        ValueError: an invalid setting (negative host tier, TP < 1, time_scale ≤ 0, a pool
-            without ``pool_link_gb_s``, pool_link_gb_s ≤ 0, or a model whose weights leave
-            no KV memory on this hardware).
+        ValueError: an invalid setting (a pool without a kv_pool section, time_scale ≤ 0, or
+            a model whose weights leave no KV memory on this hardware).
     """
-    backend = BackendSpec(model=model, hardware=hardware, power_cap_w=power_cap_w, tensor_parallel=tensor_parallel,
-                          pool_link_gb_s=pool_link_gb_s)
-    limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-              "num_gpu_blocks_override": num_gpu_blocks_override}
-    config = EngineConfig(host_tier_bytes=host_tier_gb * GB, **{k: v for k, v in limits.items() if v is not None})
-    return create_app(MockEngine(backend, config, pool), served_model_name=served_model_name or model.name,
-                      time_scale=time_scale, registry=registry)
+    spec = settings.backend_spec(catalog, backend)
+    config = engine_config(backend, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    return create_app(MockEngine(spec, config, pool), served_model_name=backend.model, time_scale=time_scale,
+                      registry=registry)
+
+
+def shared_kv_pool(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry]) -> SharedKVPool:
+    """The KV pool a config's mocks share: ``kv_pool.capacity_gb`` in blocks of
+    `router.capacity.VLLM_BLOCK_SIZE_TOKENS` tokens of the first backend's model.
+
+    Mocks of several models share the pool without hitting each other's blocks (each names
+    them within its model's namespace), but it is sized in the first model's blocks.
+
+    Raises:
+        ValueError: no kv_pool section, no backends, or a capacity below one block.
+    """
+    if settings.kv_pool is None or not backends:
+        raise ValueError("a shared KV pool needs a kv_pool section and at least one local backend")
+    spec = settings.backend_spec(catalog, backends[0])
+    block_bytes = kv_block_bytes(spec, VLLM_BLOCK_SIZE_TOKENS)
+    try:
+        return SharedKVPool.with_capacity(settings.kv_pool.capacity_gb * GB, block_bytes)
+    except ValueError:
+        raise ValueError(f"kv_pool.capacity_gb {settings.kv_pool.capacity_gb:g} holds no {block_bytes:,.0f}-byte "
+                         f"KV block of {spec.model.name}") from None
+
+
+def standalone_settings(model: str, hardware: str, catalog: Catalog, *, url: str = "http://127.0.0.1:0",
+                        served_model_name: str | None = None, **fields: object) -> tuple[Settings, BackendEntry]:
+    """A one-backend config for a mock started on its own (``kappa-gateway mock-vllm``, tests).
+
+    Args:
+        model, hardware: catalog names.
+        url: where it listens (only its form is checked).
+        served_model_name: the name clients send (default: ``model``).
+        fields: further `BackendEntry` fields (``tensor_parallel``, ``host_tier_gb``,
+            ``power_cap_w``, ``host_link_gb_s``, ``overlap_host_load``, ``num_gpu_blocks_override``).
+
+    Raises:
+        fleet_config.ConfigError: an unknown model, hardware or field, or a bad value.
+    """
+    served = served_model_name or model
+    doc = {"models": {served: ModelEntry(profile=model).model_dump()},
+           "backends": [{"id": STANDALONE_ID, "url": url, "model": served, "hardware": hardware, **fields}]}
+    settings = parse_settings(doc, catalog, env={})
+    return settings, settings.backends[0]

@@ -13,15 +13,16 @@ What it models (DESIGN.md §5):
 - The paged prefix cache, host tier and (optional) fleet-shared KV pool of
   `mock_vllm.kv_cache`; hits count whole blocks and are capped at prompt − 1 tokens, as
   vLLM does.
-- Step time from the backend's profile (a roofline, `router.cost.BackendSpec` figures):
+- Step time from the backend's profile (`router.cost.roofline`, the formula the router's
+  prediction uses too, on `router.cost.BackendSpec` figures):
   compute = FLOPs / C_eff (FLOPs from `router.kappa.prefill_flops`), HBM = (weights read +
   KV read) / HBM bandwidth, load = host-tier KV bytes / sustained link bandwidth + pool
   KV bytes / pool link bandwidth (`BackendSpec.pool_link_bytes_per_s`);
   duration = max(compute, HBM, load) when loads overlap compute, else max(compute, HBM) + load.
   Weights read per step: `router.cost.weights_read_bytes` (all of a dense model; the
   experts a batch touches of an MoE).
-- Power = idle + (P_max − idle) × utilisation, utilisation = max(compute, u_mem × HBM) /
-  duration with u_mem = `router.cost.DECODE_POWER_UTILISATION`; energy accumulates.
+- Power = idle + (P_max − idle) × the roofline's utilisation; energy accumulates.
+- KV blocks: `router.capacity.kv_cache_blocks` (vLLM's sizing rule, or the override).
 - Every request generates exactly ``max_tokens`` tokens (EOS ignored), so traces replay exactly.
 """
 
@@ -37,7 +38,8 @@ import xxhash
 from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, SharedKVPool, prompt_block_hashes
 from mock_vllm.types import EngineConfig, EngineStats, RequestOutput, StepResult
 from router import kappa
-from router.cost import DECODE_POWER_UTILISATION, BackendSpec, weights_read_bytes
+from router.capacity import kv_block_bytes, kv_cache_blocks
+from router.cost import BackendSpec, roofline, weights_read_bytes
 
 GENERATED_TOKEN_BASE = 1000  # generated ids land in [1000, 51000): deterministic pseudo-text
 
@@ -102,9 +104,10 @@ class MockEngine:
         self.config = config = config or EngineConfig()
         model = backend.model
         self.block_size = config.block_size_tokens
-        self.block_bytes = kappa.b_kv_bytes(model) * self.block_size
-        kv_budget = backend.hardware.hbm_bytes * backend.tensor_parallel * config.gpu_memory_utilization
-        num_gpu_blocks = config.num_gpu_blocks_override or int((kv_budget - model.weight_bytes) // self.block_bytes)
+        self.block_bytes = kv_block_bytes(backend, self.block_size)
+        num_gpu_blocks = kv_cache_blocks(backend, block_size_tokens=self.block_size,
+                                         gpu_memory_utilization=config.gpu_memory_utilization,
+                                         num_gpu_blocks_override=config.num_gpu_blocks_override)
         if num_gpu_blocks < 1:
             raise ValueError(f"{model.name} weights leave no KV memory on {backend.hardware.name}")
         self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes), pool,
@@ -306,20 +309,15 @@ class MockEngine:
             else:
                 decode_tokens += tokens
         weights_read = weights_read_bytes(model, prefill_tokens + decode_tokens)
-        compute_s = flops / backend.c_eff_flops_per_s
-        hbm_s = (weights_read + kv_read) / backend.hbm_bandwidth_bytes_per_s
-        load_s = host_bytes / backend.link_bytes_per_s
-        if pool_bytes:
-            load_s += pool_bytes / backend.pool_link_bytes_per_s
-        base = max(compute_s, hbm_s)
-        duration = max(base, load_s) if backend.overlap_host_load else base + load_s
-        utilisation = max(compute_s, DECODE_POWER_UTILISATION * hbm_s) / duration
+        step = roofline(backend, flops=flops, hbm_bytes=weights_read + kv_read, host_load_bytes=host_bytes,
+                        pool_load_bytes=pool_bytes)
+        duration, utilisation = step.duration_s, step.utilisation
         self._dynamic_energy_j += (backend.power_w(utilisation) - backend.idle_power_w) * duration
         outputs = tuple(out for req, tokens in work if (out := self._advance(req, tokens)) is not None)
         self.stats.host_kv_loaded_bytes_total += host_bytes
         self.stats.pool_kv_loaded_bytes_total += pool_bytes
         self._refresh_gauges()
-        result = StepResult(now_s, duration, outputs, compute_s, hbm_s, load_s, host_bytes,
+        result = StepResult(now_s, duration, outputs, step.compute_s, step.hbm_s, step.load_s, host_bytes,
                             prefill_tokens, decode_tokens, utilisation, pool_bytes)
         self._last_step = result
         return result

@@ -230,6 +230,7 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
                 await driver_task
 
     app = FastAPI(title="mock-vllm", version=MOCK_VERSION, lifespan=lifespan)
+    app.state.engine = engine  # for tests and tools holding the app (only the driver steps it)
     app.include_router(routes)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.capacity import VLLM_BLOCK_SIZE_TOKENS, VLLM_GPU_MEMORY_UTILIZATION
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -27,8 +29,8 @@ class EngineConfig:
             ``--num-gpu-blocks-override``); ``None`` sizes the cache from HBM.
     """
 
-    block_size_tokens: int = 16
-    gpu_memory_utilization: float = 0.9
+    block_size_tokens: int = VLLM_BLOCK_SIZE_TOKENS
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     host_tier_bytes: float = 0.0

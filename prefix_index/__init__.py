@@ -18,7 +18,7 @@ Typical request path::
     matches = await index.match(model, hashes, capacities)
 """
 
-from prefix_index.base import BlockMatch, IndexStats, PrefixIndex, TierCapacity
+from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, PrefixIndex, TierCapacity
 from prefix_index.canonical import (
     cache_salt,
     chat_canonical_bytes,
@@ -46,6 +46,7 @@ __all__ = [
     "IndexStats",
     "IndexUnavailable",
     "MemoryPrefixIndex",
+    "NO_MATCH",
     "POOL_ID",
     "PendingChains",
     "PrefixIndex",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from router import kappa as k
+from router import kappa
 from router.kappa import Regime
 from router.profiles import GB, HardwareProfile, ModelProfile
 
@@ -39,7 +39,7 @@ def weights_read_bytes(model: ModelProfile, batch_tokens: float) -> float:
     """Weight bytes one forward pass over ``batch_tokens`` tokens reads from HBM (dense: all of
     them; MoE: the experts the batch touches, 1 − (1 − active/total)^n of them; see
     `router.kappa.ModelConstants.weights_read_bytes`)."""
-    return k.model_constants(model).weights_read_bytes(batch_tokens)
+    return kappa.model_constants(model).weights_read_bytes(batch_tokens)
 
 
 def pool_link_gb_s(hardware: HardwareProfile, tensor_parallel: int, *, link_gb_s_per_gpu: float,
@@ -96,27 +96,22 @@ class BackendSpec:
             raise ValueError("tensor_parallel must be >= 1")
         if self.pool_link_gb_s is not None and self.pool_link_gb_s <= 0:
             raise ValueError("pool_link_gb_s must be > 0 (or None: no pool)")
-        c_eff = k.c_eff_flops_per_s(self.hardware, power_cap_w=self.power_cap_w, tensor_parallel=self.tensor_parallel)
+        c_eff = kappa.c_eff_flops_per_s(self.hardware, power_cap_w=self.power_cap_w, tensor_parallel=self.tensor_parallel)
         link = (
             self.host_link_gb_s * GB
             if self.host_link_gb_s is not None
             else self.hardware.host_link_sustained_bytes_per_s * self.tensor_parallel
         )
-        kappa_hw = k.kappa_hw(link, c_eff)
+        kappa_hw = kappa.kappa_hw(link, c_eff)
         object.__setattr__(self, "c_eff_flops_per_s", c_eff)
         object.__setattr__(self, "link_bytes_per_s", link)
         object.__setattr__(self, "pool_link_bytes_per_s", (self.pool_link_gb_s or 0.0) * GB)
         object.__setattr__(self, "kappa_hw", kappa_hw)
-        object.__setattr__(self, "kappa_crit", k.kappa_crit(self.model, kappa_hw))
+        object.__setattr__(self, "kappa_crit", kappa.kappa_crit(self.model, kappa_hw))
         cap = self.hardware.tdp_w if self.power_cap_w is None else min(self.power_cap_w, self.hardware.tdp_w)
         object.__setattr__(self, "max_power_w", cap * self.tensor_parallel)
         object.__setattr__(self, "idle_power_w", self.hardware.idle_power_w * self.tensor_parallel)
         object.__setattr__(self, "hbm_bandwidth_bytes_per_s", self.hardware.hbm_bandwidth_bytes_per_s * self.tensor_parallel)
-
-    @property
-    def kv_capacity_bytes(self) -> float:
-        """HBM left for KV after weights (before any gpu_memory_utilization headroom), bytes."""
-        return max(self.hardware.hbm_bytes * self.tensor_parallel - self.model.weight_bytes, 0.0)
 
     def power_w(self, utilisation: float) -> float:
         """Power draw at a utilisation in [0, 1]: idle + (P_max − idle) · u, W."""
@@ -173,6 +168,47 @@ class CostEstimate:
     regime: Regime
 
 
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """One forward pass (a prefill, or an engine step) on a backend: its time by resource.
+
+    Attributes:
+        compute_s: FLOPs / C_eff.
+        hbm_s: bytes read from and written to HBM / HBM bandwidth.
+        load_s: host-tier KV bytes / host link + pool KV bytes / pool link.
+        duration_s: max(compute, HBM, load) when loads overlap compute, else max(compute, HBM) + load.
+        utilisation: max(compute, DECODE_POWER_UTILISATION · HBM) / duration, in [0, 1]: what
+            `BackendSpec.power_w` is drawn at.
+    """
+
+    compute_s: float
+    hbm_s: float
+    load_s: float
+    duration_s: float
+    utilisation: float
+
+
+def roofline(backend: BackendSpec, *, flops: float, hbm_bytes: float, host_load_bytes: float = 0.0,
+             pool_load_bytes: float = 0.0) -> Roofline:
+    """The roofline of one pass: the one definition the router's prediction and the mock
+    engine's step time share (module docstring; DESIGN.md §3).
+
+    Raises:
+        ValueError: ``pool_load_bytes`` on a backend without a pool link.
+    """
+    compute = flops / backend.c_eff_flops_per_s
+    hbm = hbm_bytes / backend.hbm_bandwidth_bytes_per_s
+    load = host_load_bytes / backend.link_bytes_per_s
+    if pool_load_bytes:
+        if not backend.pool_link_bytes_per_s:
+            raise ValueError("a KV pool load on a backend without a pool link (pool_link_gb_s)")
+        load += pool_load_bytes / backend.pool_link_bytes_per_s
+    base = max(compute, hbm)
+    duration = max(base, load) if backend.overlap_host_load else base + load
+    utilisation = max(compute, DECODE_POWER_UTILISATION * hbm) / duration if duration > 0 else 0.0
+    return Roofline(compute, hbm, load, duration, utilisation)
+
+
 def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 0.0) -> CostEstimate:
     """Predict TTFT, E2E and energy of ``shape`` on ``backend`` (formulas in the module docstring).
 
@@ -187,46 +223,41 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         link's when nothing comes from the pool), and ``regime`` compares the t_load and
         t_compute of this request (the same as K_loaded/T > κ_crit(T) for models without
         sliding-window layers).
+
+    Raises:
+        ValueError: cached pool tokens on a backend without a pool link.
     """
-    c = k.model_constants(backend.model)
+    c = kappa.model_constants(backend.model)
     cached = shape.cached_hbm_tokens + shape.cached_host_tokens + shape.cached_pool_tokens
     prompt = cached + shape.new_tokens
     new = max(shape.new_tokens, 1.0)
-    t_compute = c.prefill_flops(cached, new) / backend.c_eff_flops_per_s
-    load_bytes = c.kv_bytes(shape.cached_host_tokens)
-    t_load = load_bytes / backend.link_bytes_per_s
-    if shape.cached_pool_tokens:
-        if not backend.pool_link_bytes_per_s:
-            raise ValueError("cached_pool_tokens on a backend without a pool link (pool_link_gb_s)")
-        pool_bytes = c.kv_bytes(shape.cached_pool_tokens)
-        t_load += pool_bytes / backend.pool_link_bytes_per_s
-        load_bytes += pool_bytes
-    hbm_bw = backend.hbm_bandwidth_bytes_per_s
-    t_hbm = (c.weights_read_bytes(new) + c.kv_bytes(prompt)) / hbm_bw
-    base = max(t_compute, t_hbm)
-    prefill = max(base, t_load) if backend.overlap_host_load else base + t_load
+    host_bytes = c.kv_bytes(shape.cached_host_tokens)
+    pool_bytes = c.kv_bytes(shape.cached_pool_tokens) if shape.cached_pool_tokens else 0.0
+    pf = roofline(backend, flops=c.prefill_flops(cached, new), hbm_bytes=c.weights_read_bytes(new) + c.kv_bytes(prompt),
+                  host_load_bytes=host_bytes, pool_load_bytes=pool_bytes)
+    load_bytes = host_bytes + pool_bytes
     # κ_crit at the link this request's loads cross: the host link's, or with pool tokens the
     # bandwidth its loads average (bytes / t_load), so regime and κ_crit agree on every backend.
     kappa_hw = backend.kappa_hw
-    if shape.cached_pool_tokens:
-        kappa_hw = k.kappa_hw(load_bytes / t_load, backend.c_eff_flops_per_s)
+    if pool_bytes:
+        kappa_hw = kappa.kappa_hw(load_bytes / pf.load_s, backend.c_eff_flops_per_s)
     context = prompt + shape.output_tokens / 2.0
-    decode_step = (c.active_weight_bytes + c.kv_bytes(context)) / hbm_bw
-    ttft = queue_wait_s + prefill
+    decode_step = (c.active_weight_bytes + c.kv_bytes(context)) / backend.hbm_bandwidth_bytes_per_s
+    ttft = queue_wait_s + pf.duration_s
     decode_time = max(shape.output_tokens - 1.0, 0.0) * decode_step
-    utilisation = max(t_compute, DECODE_POWER_UTILISATION * t_hbm) / prefill if prefill > 0 else 0.0
-    energy = backend.power_w(utilisation) * prefill + backend.power_w(DECODE_POWER_UTILISATION) * decode_time
+    energy = (backend.power_w(pf.utilisation) * pf.duration_s
+              + backend.power_w(DECODE_POWER_UTILISATION) * decode_time)
     return CostEstimate(
-        t_compute_s=t_compute,
-        t_load_s=t_load,
-        prefill_s=prefill,
+        t_compute_s=pf.compute_s,
+        t_load_s=pf.load_s,
+        prefill_s=pf.duration_s,
         decode_step_s=decode_step,
         ttft_s=ttft,
         e2e_s=ttft + decode_time,
         energy_j=energy,
         load_bytes=load_bytes,
         kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens - min(shape.held_tokens, shape.cached_hbm_tokens)),
-        kappa_ratio=k.kappa_ratio(cached, shape.new_tokens),
+        kappa_ratio=kappa.kappa_ratio(cached, shape.new_tokens),
         kappa_crit=c.kappa_crit(kappa_hw, new),
-        regime=Regime.TRANSFER if t_load > t_compute else Regime.COMPUTE,
+        regime=Regime.TRANSFER if pf.load_s > pf.compute_s else Regime.COMPUTE,
     )

@@ -1,31 +1,27 @@
-"""A simulated fleet: the backends of a gateway config, as engine and router figures.
+"""A simulated fleet: the backends of a fleet config, as engine and router figures.
 
-The schema is the gateway's (`gateway.settings`, which owns parsing and validation; `sim`
-may not import it). `fleet_from_config` takes the *validated* config as plain data —
-``Settings.model_dump()`` — and reads only what the simulator needs:
+The schema is the one every reader of a fleet file shares (`fleet_config.Settings`):
+`fleet_from_settings` reads only what the simulator needs —
 
     gateway.scrape_interval_s           how stale the router's view of each engine is
     index.block_size_tokens, index.bytes_per_token     the gateway's index block
-    models: {served name: {profile}}    served name -> catalog model (optional)
-    kv_pool: {capacity_gb, link_gb_s_per_gpu} or None  a KV store the backends share
-    backends[]: id, model, hardware, tensor_parallel, power_cap_w, host_tier_gb,
-                host_link_gb_s, pool_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels
-                (``url`` is ignored: nothing is sent anywhere)
-
-Each backend becomes a `router.cost.BackendSpec` (the router's figures) and a
-`mock_vllm.types.EngineConfig` (the engine's: host tier in bytes, KV block override), built
-as ``kappa-gateway mock-fleet`` builds its mock servers (`mock_vllm.app_factory`).
+    kv_pool.capacity_gb                 a KV store the backends share (or none)
+    backends[]: every field the gateway reads, through `Settings.backend_spec` (the router's
+                figures) and `mock_vllm.app_factory.engine_config` (the engine's), exactly as
+                ``kappa-gateway mock-fleet`` builds its mocks (``url`` is ignored: nothing
+                is sent anywhere)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from fleet_config import Settings
+from mock_vllm.app_factory import engine_config
 from mock_vllm.types import EngineConfig
-from prefix_index import block_size_bytes
-from router.cost import BackendSpec, pool_link_gb_s
+from prefix_index import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS, block_size_bytes
+from router.cost import BackendSpec
 from router.profiles import GB, Catalog
 
 
@@ -66,8 +62,8 @@ class Fleet:
 
     backends: tuple[SimBackend, ...]
     scrape_interval_s: float = 1.0
-    block_size_tokens: int = 64
-    bytes_per_token: float = 4.0
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS
+    bytes_per_token: float = BYTES_PER_TOKEN_ESTIMATE
     pool_bytes: float | None = None
 
     def __post_init__(self) -> None:
@@ -89,44 +85,19 @@ class Fleet:
         return list(dict.fromkeys(b.model for b in self.backends))
 
 
-def fleet_from_config(doc: Mapping[str, Any], catalog: Catalog) -> Fleet:
-    """Build a `Fleet` from a validated gateway config given as data.
-
-    Args:
-        doc: ``gateway.settings.Settings.model_dump()`` (or the same shape): validated,
-            every key present.
-        catalog: the model and hardware profiles the config names.
+def fleet_from_settings(settings: Settings, catalog: Catalog) -> Fleet:
+    """Build a `Fleet` from a validated fleet config.
 
     Raises:
-        KeyError: a section or field is missing (the config was not validated).
-        router.errors.ProfileError: an unknown model or hardware.
-        ValueError: a backend's figures are invalid.
+        router.errors.ProfileError: an unknown model or hardware (a config not checked
+            against ``catalog``).
     """
-    profiles = {name: entry["profile"] for name, entry in doc.get("models", {}).items()}
-    pool = doc.get("kv_pool")
-    backends = []
-    for entry in doc["backends"]:
-        hardware = catalog.hw(entry["hardware"])
-        pool_link = None
-        if pool is not None:
-            pool_link = entry.get("pool_link_gb_s") or pool_link_gb_s(
-                hardware, entry["tensor_parallel"], link_gb_s_per_gpu=pool["link_gb_s_per_gpu"],
-                host_link_gb_s=entry["host_link_gb_s"])
-        spec = BackendSpec(
-            model=catalog.model(profiles.get(entry["model"], entry["model"])),
-            hardware=hardware,
-            power_cap_w=entry["power_cap_w"],
-            tensor_parallel=entry["tensor_parallel"],
-            host_link_gb_s=entry["host_link_gb_s"],
-            overlap_host_load=entry["overlap_host_load"],
-            pool_link_gb_s=pool_link,
-        )
-        engine = EngineConfig(host_tier_bytes=entry["host_tier_gb"] * GB,
-                              num_gpu_blocks_override=entry["num_gpu_blocks_override"])
-        backends.append(SimBackend(entry["id"], entry["model"], spec, engine, dict(entry.get("labels", {}))))
-    return Fleet(tuple(backends), scrape_interval_s=doc["gateway"]["scrape_interval_s"],
-                 block_size_tokens=doc["index"]["block_size_tokens"], bytes_per_token=doc["index"]["bytes_per_token"],
-                 pool_bytes=None if pool is None else pool["capacity_gb"] * GB)
+    backends = tuple(SimBackend(entry.id, entry.model, settings.backend_spec(catalog, entry), engine_config(entry),
+                                dict(entry.labels)) for entry in settings.backends)
+    pool = settings.kv_pool
+    return Fleet(backends, scrape_interval_s=settings.gateway.scrape_interval_s,
+                 block_size_tokens=settings.index.block_size_tokens, bytes_per_token=settings.index.bytes_per_token,
+                 pool_bytes=None if pool is None else pool.capacity_gb * GB)
 
 
 def high_kappa_threshold(backends: Sequence[SimBackend]) -> float:

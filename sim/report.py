@@ -3,7 +3,7 @@
 Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
 
 - TTFT = first token − arrival; E2E = finish − arrival; percentiles with linear
-  interpolation (as `gateway.replay_report.percentile`), over finished requests.
+  interpolation (as `gateway.commands.replay_report.percentile`), over finished requests.
 - throughput_rps = finished requests / makespan, makespan = last finish − first arrival.
 - goodput_rps = finished requests with TTFT ≤ ``ttft_slo_s`` / makespan.
 - energy_per_request_j = the whole fleet's joules over the makespan (idle included) /
@@ -13,7 +13,7 @@ Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
   loaded from host tiers.
 - regime_share = share of requests whose chosen backend's predicted regime was compute /
   transfer (the x-kappa-regime the gateway would have sent).
-- Per backend, as the demo reports (`gateway.demo.build_report`): requests; high-κ = κ_ratio
+- Per backend, as the demo reports (`gateway.commands.demo.build_report`): requests; high-κ = κ_ratio
   above the lowest κ_crit of the compute-dense backends (`sim.fleet.high_kappa_threshold`);
   large-T = new prompt tokens (prompt − cached, engine-reported) at or above their p90 over
   the run. ``*_share`` is the backend's part of all such requests (summing to 1 over backends).

@@ -1,10 +1,12 @@
 """Discrete-event fleet simulator in virtual time: a trace, the real router and index, mock engines.
 
-Each arrival is routed by the code the live gateway runs (`gateway.routing`, DESIGN.md §1
-steps 2–4): the prompt's chained block hashes (`sim.prompts`, computed as the gateway
-does), `prefix_index.MemoryPrefixIndex.match` against every backend's `TierCapacity`,
-one `router.types.BackendView` per backend, `router.decide.decide`. Each backend is a
-`mock_vllm.engine.MockEngine` that serves in virtual time.
+Each arrival is routed by the pipeline the live gateway runs, `dispatch.Dispatcher`
+(DESIGN.md §1 steps 3–4 and its bookkeeping): the prompt's chained block hashes
+(`sim.prompts`, computed as the gateway does), one `prefix_index.MemoryPrefixIndex` match
+against every backend, the in-flight and pool overlays, one `router.types.BackendView` per
+backend, `router.decide.decide`, then a `dispatch.Ticket` on the chosen backend's ledger.
+Each backend is a `mock_vllm.engine.MockEngine` that serves in virtual time; this module
+keeps only the clock and the engines.
 
 What the router sees is only what it would see live (DESIGN.md §2):
 - its own index, recorded when a request's first token comes back (as the gateway records
@@ -14,9 +16,10 @@ What the router sees is only what it would see live (DESIGN.md §2):
   in HBM on their backend from the decision to the finish, as the gateway does);
 - its own ledger, charged at decision time — in-flight count, (K+T+max_tokens)·B_kv of KV
   demand, predicted prefill seconds — with the prefill released at the first token and the
-  rest at the finish (`gateway.pool.Ticket`);
-- engine metrics (queue depth, running, KV usage) from a snapshot refreshed only at scrape
-  times t0 + k·``scrape_interval_s``, never the engines' live state.
+  rest at the finish (`dispatch.Ticket`, as the gateway's relay settles it);
+- engine metrics (queue depth, running, KV usage, KV blocks) as a `dispatch.BackendMetrics`
+  snapshot refreshed only at scrape times t0 + k·``scrape_interval_s``, never the engines'
+  live state.
 
 Events, in virtual seconds: arrivals (from the trace), engine step ends, scrapes. An engine
 runs its steps back to back while it has work: the next step starts when the previous one
@@ -40,23 +43,22 @@ import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from dispatch import BackendMetrics, Dispatcher, RoutableRequest, Target, Ticket
 from mock_vllm.engine import MockEngine, PromptTooLong
 from mock_vllm.kv_cache import SharedKVPool
 from mock_vllm.types import StepResult
-from prefix_index import POOL_ID, BlockMatch, MemoryPrefixIndex, PendingChains, TierCapacity, pool_capacity, with_pool
-from router import kappa
+from prefix_index import MemoryPrefixIndex
 from router.calibration import BytesPerToken
-from router.decide import decide
+from router.capacity import kv_block_bytes
 from router.policies import Policy
 from router.types import BackendView, Decision, RequestFeatures
 from sim.fleet import Fleet, SimBackend
 from sim.prompts import PreparedRequest, token_ids
 
 T = TypeVar("T")
-_NO_MATCH = BlockMatch(0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,44 +146,34 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("coroutine suspended: the simulator needs a prefix index that never awaits")
 
 
-class _Backend:
-    """One backend's engine plus the gateway's knowledge of it (ledger, scrape, index size)."""
-
-    __slots__ = ("config", "engine", "kv_capacity_bytes", "host_tier_bytes", "in_flight", "kv_demand_bytes",
-                 "outstanding_prefill_s", "recorded_blocks", "waiting", "running", "kv_usage", "step",
-                 "first_add_s")
+class _Backend(Target):
+    """One backend's engine, plus what the gateway knows of it (a `dispatch.Target`)."""
 
     def __init__(self, config: SimBackend, pool: SharedKVPool | None = None) -> None:
+        self.engine = engine = MockEngine(config.spec, config.engine, pool)
+        super().__init__(config.id, config.spec, host_tier_bytes=config.host_tier_bytes,
+                         num_gpu_blocks_override=config.engine.num_gpu_blocks_override,
+                         metrics=BackendMetrics(block_size_tokens=engine.block_size,
+                                                num_gpu_blocks=engine.stats.num_gpu_blocks))
         self.config = config
-        self.engine = MockEngine(config.spec, config.engine, pool)
-        stats = self.engine.stats
-        # What the gateway learns from vllm:cache_config_info at its first scrape (static).
-        self.kv_capacity_bytes = stats.num_gpu_blocks * self.engine.block_size * kappa.b_kv_bytes(config.spec.model)
-        self.host_tier_bytes = config.host_tier_bytes
-        self.in_flight = 0
-        self.kv_demand_bytes = 0.0
-        self.outstanding_prefill_s = 0.0
-        self.recorded_blocks = 0
-        self.waiting = self.running = 0
-        self.kv_usage = 0.0
         self.step: StepResult | None = None
         self.first_add_s: float | None = None
 
     def scrape(self) -> None:
+        """What a scrape of vLLM's /metrics would read now."""
         stats = self.engine.stats
-        self.waiting, self.running, self.kv_usage = (stats.num_requests_waiting, stats.num_requests_running,
-                                                     stats.kv_cache_usage_ratio)
+        self.metrics = replace(self.metrics, num_requests_waiting=stats.num_requests_waiting,
+                               num_requests_running=stats.num_requests_running,
+                               kv_cache_usage_ratio=stats.kv_cache_usage_ratio)
 
 
 class _Active:
-    """A request between decision and finish: its record and its charges on the ledger."""
+    """A request between decision and finish: its record, its ticket, what calibration needs."""
 
-    __slots__ = ("record", "kv_bytes", "prefill_s", "hashes", "prompt_bytes")
+    __slots__ = ("record", "ticket", "request")
 
-    def __init__(self, record: RequestRecord, kv_bytes: float, prefill_s: float, hashes: Sequence[int],
-                 prompt_bytes: int) -> None:
-        self.record, self.kv_bytes, self.prefill_s = record, kv_bytes, prefill_s
-        self.hashes, self.prompt_bytes = hashes, prompt_bytes
+    def __init__(self, record: RequestRecord, ticket: Ticket, request: RoutableRequest) -> None:
+        self.record, self.ticket, self.request = record, ticket, request
 
 
 class Simulator:
@@ -206,18 +198,15 @@ class Simulator:
         served = [b for b in fleet.backends if b.model == self.model]
         if not served:
             raise ValueError(f"no backend serves model {self.model!r}")
-        # The KV store the backends share, sized in the engines' 16-token blocks (as the mock fleet does).
+        # The KV store the backends share, sized in the engines' blocks (as the mock fleet does).
         self._kv_pool = None if fleet.pool_bytes is None else SharedKVPool.with_capacity(
-            fleet.pool_bytes, kappa.b_kv_bytes(served[0].spec.model) * served[0].engine.block_size_tokens)
+            fleet.pool_bytes, kv_block_bytes(served[0].spec, served[0].engine.block_size_tokens))
         self._backends = [_Backend(b, self._kv_pool) for b in served]
-        self._by_id = {b.config.id: b for b in self._backends}
-        self._position = {b.config.id: i for i, b in enumerate(self._backends)}
-        self._index = MemoryPrefixIndex()
-        self._pending = PendingChains()
-        self._rng = random.Random(seed)
-        self._calibration = BytesPerToken(fleet.bytes_per_token)
-        self._block_bytes = fleet.block_size_bytes
-        self._b_kv = kappa.b_kv_bytes(self._backends[0].config.spec.model)
+        self._by_id = {b.id: b for b in self._backends}
+        self._position = {b.id: i for i, b in enumerate(self._backends)}
+        self._dispatch = Dispatcher(MemoryPrefixIndex(), policy, random.Random(seed),
+                                    BytesPerToken(fleet.bytes_per_token), block_size_bytes=fleet.block_size_bytes,
+                                    kv_pool_bytes=fleet.pool_bytes)
         self._active: dict[str, _Active] = {}
         self._records: dict[int, RequestRecord] = {}
         self._rejected: list[int] = []
@@ -264,7 +253,7 @@ class Simulator:
         energy = {}
         for b in self._backends:
             idle_before = b.config.spec.idle_power_w * ((b.first_add_s if b.first_add_s is not None else end) - t0)
-            energy[b.config.id] = b.engine.energy_j(end) + idle_before
+            energy[b.id] = b.engine.energy_j(end) + idle_before
         records = [self._records[k] for k in sorted(self._records)]
         return SimResult(self.policy.name, records, self._rejected, t0, end, energy,
                          tuple(b.config for b in self._backends), time.perf_counter() - started)
@@ -273,48 +262,14 @@ class Simulator:
         for b in self._backends:
             b.scrape()
 
-    # -- routing (gateway.routing.RoutingService.plan / charge) -----------------------------
-    def _capacity(self, b: _Backend, block_kv_bytes: float) -> TierCapacity:
-        return TierCapacity(int(b.kv_capacity_bytes // block_kv_bytes), int(b.host_tier_bytes // block_kv_bytes))
-
-    def _pool_capacity(self, block_kv_bytes: float) -> TierCapacity | None:
-        return None if self.fleet.pool_bytes is None else pool_capacity(self.fleet.pool_bytes, block_kv_bytes)
-
-    def _block_kv_bytes(self) -> float:
-        return self._block_bytes / self._calibration.get(self.model) * self._b_kv
-
+    # -- routing: the gateway's pipeline (dispatch) ---------------------------------------
     def _arrive(self, req: PreparedRequest, now: float) -> int | None:
         """Route one request and hand it to the chosen engine; its backend's position, or None."""
-        model = self.model
-        bytes_per_token = self._calibration.get(model)
-        tokens_per_block = self._block_bytes / bytes_per_token
-        block_kv = tokens_per_block * self._b_kv
-        capacities = {b.config.id: self._capacity(b, block_kv) for b in self._backends}
-        pool = self._pool_capacity(block_kv)
-        lookup = capacities if pool is None else {**capacities, POOL_ID: pool}
-        hashes = req.hashes
-        matches = run_now(self._index.match(model, hashes, lookup)) if len(hashes) else {}
-        matches = self._pending.overlay(model, hashes, matches, lookup)
-        if pool is not None:
-            matches = with_pool(matches, capacities)
-        features = RequestFeatures(model=model, prompt_tokens=max(round(req.prompt_bytes / bytes_per_token), 1),
-                                   max_tokens=req.max_tokens, prompt_blocks=len(hashes),
-                                   block_size_tokens=tokens_per_block)
-        views = []
-        for b in self._backends:
-            bid = b.config.id
-            m = matches.get(bid, _NO_MATCH)
-            views.append(BackendView(
-                backend_id=bid, spec=b.config.spec,
-                matched_blocks=m.matched_blocks, hbm_blocks=m.hbm_blocks, host_blocks=m.host_blocks,
-                pool_blocks=m.pool_blocks, in_flight_blocks=m.in_flight_blocks, cached_blocks=min(b.recorded_blocks, capacities[bid].total_blocks),
-                in_flight=b.in_flight, kv_demand_bytes=b.kv_demand_bytes,
-                outstanding_prefill_s=b.outstanding_prefill_s, kv_capacity_bytes=b.kv_capacity_bytes,
-                num_requests_waiting=b.waiting, num_requests_running=b.running, kv_cache_usage_ratio=b.kv_usage))
-        decision = decide(self.policy, features, views, self._rng)
+        request = RoutableRequest(self.model, req.hashes, req.prompt_bytes, req.max_tokens)
+        plan = run_now(self._dispatch.plan(request, self._backends))
         if self.observer is not None:
-            self.observer(DecisionEvent(now, req.index, features, tuple(views), decision))
-        cand = decision.chosen
+            self.observer(DecisionEvent(now, req.index, plan.features, plan.views, plan.decision))
+        cand = plan.decision.chosen
         b = self._by_id[cand.backend_id]
         rid = str(req.index)
         try:
@@ -326,16 +281,12 @@ class Simulator:
         record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_crit,
                                est.regime.value, est.ttft_s)
         self._records[req.index] = record
-        self._active[rid] = _Active(record, est.kv_demand_bytes, est.prefill_s, hashes, req.prompt_bytes)
-        b.in_flight += 1
-        b.kv_demand_bytes += est.kv_demand_bytes
-        b.outstanding_prefill_s += est.prefill_s
-        self._pending.add(model, cand.backend_id, hashes)
+        self._active[rid] = _Active(record, self._dispatch.charge(plan, cand), request)
         if b.first_add_s is None:
             b.first_add_s = now
         return self._position[cand.backend_id]
 
-    # -- engine outputs (gateway.proxy: first byte, record, finish, usage) ------------------
+    # -- engine outputs (the gateway's relay: first byte, record, finish, usage) ------------
     def _step_end(self, b: _Backend, now: float) -> None:
         step, b.step = b.step, None
         assert step is not None
@@ -347,20 +298,12 @@ class Simulator:
                 record.prompt_tokens, record.cached_tokens = out.prompt_tokens, out.cached_tokens
                 record.cached_host_tokens = out.cached_host_tokens
                 record.cached_pool_tokens = out.cached_pool_tokens
-                b.outstanding_prefill_s = max(b.outstanding_prefill_s - act.prefill_s, 0.0)
-                if len(act.hashes):
-                    block_kv = self._block_kv_bytes()
-                    run_now(self._index.record(self.model, b.config.id, act.hashes, self._capacity(b, block_kv)))
-                    b.recorded_blocks += len(act.hashes)
-                    pool = self._pool_capacity(block_kv)
-                    if pool is not None:  # the backend wrote the chain through to the shared pool
-                        run_now(self._index.record(self.model, POOL_ID, act.hashes, pool))
+                act.ticket.first_byte()
+                run_now(self._dispatch.record(self.model, b, act.request.hashes))
             if out.finished:
                 record.finish_s = now
-                self._pending.remove(self.model, b.config.id, act.hashes)
-                b.in_flight -= 1
-                b.kv_demand_bytes = max(b.kv_demand_bytes - act.kv_bytes, 0.0)
-                self._calibration.observe(self.model, act.prompt_bytes, out.prompt_tokens)
+                act.ticket.finish()
+                self._dispatch.observe_prompt_tokens(self.model, act.request.prompt_bytes, out.prompt_tokens)
                 del self._active[out.request_id]
 
 

@@ -32,11 +32,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.catalog import default_catalog
-from gateway.cli import app
-from gateway.settings import Settings, load_settings
+from fleet_config.catalog import default_catalog
+from gateway.commands.cli import app
+from fleet_config.settings import Settings, load_settings
 from gateway.telemetry import Telemetry
-from mock_vllm.app_factory import build_app
+from mock_vllm.app_factory import build_backend_app, standalone_settings
 from tests.support.uvicorn_thread import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 PROMETHEUS: dict[str, Any] = yaml.safe_load((ROOT / "config" / "prometheus.yml").read_text(encoding="utf-8"))
 DASHBOARD: dict[str, Any] = json.loads((ROOT / "config/grafana/dashboards/kappa-gateway.json").read_text(encoding="utf-8"))
 GRAFANA_PROVISIONING = ROOT / "config" / "grafana" / "provisioning"
-ENTRY_POINT = "gateway.cli:main"  # the console script that runs `app`
+ENTRY_POINT = "gateway.commands.cli:main"  # the console script that runs `app`
 IMAGE_HEALTH_URL = re.compile(r"https?://127\.0\.0\.1:(\d+)/health\b")
 
 
@@ -214,7 +214,7 @@ def test_dockerfile_is_slim_non_root_with_a_healthcheck_and_a_valid_cmd() -> Non
 def test_dockerfile_installs_the_source_tree_with_its_catalogs() -> None:
     """Every package pyproject.toml ships, config/ and the build metadata are copied, installed editable.
 
-    gateway/catalog.py reads ``config/`` beside the packages (CONFIG_DIR = parents[1] of the module),
+    fleet_config/catalog.py reads ``config/`` beside the packages (CONFIG_DIR = parents[1] of the module),
     so a regular install into site-packages would not find the catalogs; the tree stays at WORKDIR.
     """
     include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -454,7 +454,7 @@ def gateway_series() -> dict[str, set[str]]:
 @pytest.fixture(scope="module")
 def mock_series() -> dict[str, set[str]]:
     """Sample name -> label names, from a real mock backend's /metrics page (lifespan run)."""
-    mock = build_app(CATALOG.model("llama-3.1-8b"), CATALOG.hw("h100-sxm"), registry=CollectorRegistry())
+    mock = build_backend_app(*standalone_settings("llama-3.1-8b", "h100-sxm", CATALOG), CATALOG, registry=CollectorRegistry())
     with serve_in_thread(mock) as url:
         page = httpx.get(f"{url}/metrics", timeout=10.0)
     page.raise_for_status()

@@ -34,9 +34,9 @@ async def health() -> dict:
 @router.get("/ready")
 async def ready(gw: State) -> Response:
     """Readiness: started, not shutting down, and at least one backend healthy."""
-    ok = gw.ready and gw.pool.any_healthy()
-    healthy = sum(s.healthy for s in gw.pool.states)
-    return JSONResponse({"ready": ok, "healthy_backends": healthy, "backends": len(gw.pool.states)},
+    ok = gw.ready and gw.backends.any_healthy()
+    healthy = sum(s.healthy for s in gw.backends.states)
+    return JSONResponse({"ready": ok, "healthy_backends": healthy, "backends": len(gw.backends.states)},
                         status_code=200 if ok else 503)
 
 
@@ -53,7 +53,7 @@ async def backends(gw: State) -> dict:
     except PrefixIndexError:
         index_blocks = None
     out = []
-    for s in gw.pool.states:
+    for s in gw.backends.states:
         spec, m = s.spec, s.metrics
         out.append({
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
@@ -65,9 +65,9 @@ async def backends(gw: State) -> dict:
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),
             "c_eff_flops_per_s": spec.c_eff_flops_per_s, "link_bytes_per_s": spec.link_bytes_per_s,
             "pool_link_bytes_per_s": spec.pool_link_bytes_per_s or None,
-            "in_flight": s.in_flight, "kv_demand_bytes": s.kv_demand_bytes,
+            "in_flight": s.ledger.in_flight, "kv_demand_bytes": s.ledger.kv_demand_bytes,
             "kv_capacity_bytes": s.kv_capacity_bytes, "host_tier_bytes": s.host_tier_bytes,
-            "outstanding_prefill_s": s.outstanding_prefill_s,
+            "outstanding_prefill_s": s.ledger.outstanding_prefill_s,
             "num_requests_waiting": m.num_requests_waiting, "num_requests_running": m.num_requests_running,
             "kv_cache_usage_ratio": m.kv_cache_usage_ratio,
             "cached_blocks": None if index_blocks is None else index_blocks.get(s.id, 0),
@@ -107,7 +107,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
         est = c.estimate
         candidates.append({
             "backend": c.backend_id, "rank": rank[c.backend_id],
-            "hardware": plan.states[c.backend_id].entry.hardware,
+            "hardware": plan.targets[c.backend_id].entry.hardware,
             "cached_hbm_tokens": c.cached_hbm_tokens, "cached_host_tokens": c.cached_host_tokens,
             "cached_pool_tokens": c.cached_pool_tokens,
             "new_tokens": c.new_tokens, "kappa_ratio": est.kappa_ratio, "kappa_crit": _finite(est.kappa_crit),

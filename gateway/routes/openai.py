@@ -39,5 +39,5 @@ async def models(gw: State) -> dict:
     """The fleet's served models, OpenAI's list shape."""
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": _CREATED, "owned_by": "kappa-gateway",
-         "backends": [s.id for s in gw.pool.states if s.entry.model == name]}
+         "backends": [s.id for s in gw.backends.states if s.entry.model == name]}
         for name in gw.settings.served_models()]}

@@ -15,16 +15,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
-from gateway.catalog import default_catalog
-from gateway.fleet import mock_fleet
-from gateway.processes import free_port
-from gateway.settings import parse_settings
-from mock_vllm.app_factory import build_app
+from fleet_config.catalog import default_catalog
+from gateway.commands.fleet import mock_fleet
+from gateway.commands.processes import free_port
+from fleet_config.settings import parse_settings
+from mock_vllm.app_factory import build_backend_app, standalone_settings
 from tests.support.fake_upstream import Script, make_app
 from tests.support.uvicorn_thread import serve_in_thread
 
 MOCK_MODEL = "llama-3.1-8b"
 POLL_TIMEOUT_S = 10.0
+ENGINE_LIMITS = ("max_num_seqs", "max_num_batched_tokens")  # run_mocks keywords that are vLLM flags, not config fields
 POLL_INTERVAL_S = 0.01
 
 
@@ -73,12 +74,16 @@ def run_gateway(backends: list[dict], **sections: dict) -> Iterator[Gateway]:
 
 @contextmanager
 def run_mocks(n: int, *, time_scale: float = 0.001, host_tier_gb: float = 16.0, **engine: Any) -> Iterator[list[str]]:
-    """``n`` mock vLLM backends (llama-3.1-8b on H100), each on its own loopback port."""
+    """``n`` mock vLLM backends (llama-3.1-8b on H100), each on its own loopback port; ``engine``
+    holds further backend fields (``num_gpu_blocks_override``, ...) or vLLM's batching flags."""
     catalog = default_catalog()
+    settings, entry = standalone_settings(MOCK_MODEL, "h100-sxm", catalog, host_tier_gb=host_tier_gb,
+                                          **{k: v for k, v in engine.items() if k not in ENGINE_LIMITS})
+    limits = {k: v for k, v in engine.items() if k in ENGINE_LIMITS}
     with ExitStack() as stack:
-        urls = [stack.enter_context(serve_in_thread(build_app(
-            catalog.model(MOCK_MODEL), catalog.hw("h100-sxm"), host_tier_gb=host_tier_gb, time_scale=time_scale,
-            registry=CollectorRegistry(), **engine))) for _ in range(n)]
+        urls = [stack.enter_context(serve_in_thread(build_backend_app(
+            settings, entry, catalog, time_scale=time_scale, registry=CollectorRegistry(), **limits)))
+            for _ in range(n)]
         yield urls
 
 

@@ -1,6 +1,6 @@
 """The gateway over a fleet-shared KV pool, end to end on 127.0.0.1, with each index backend.
 
-Two llama-3.1-8b mocks (H100 and B200) share one pool (`gateway.fleet.mock_fleet`, one
+Two llama-3.1-8b mocks (H100 and B200) share one pool (`gateway.commands.fleet.mock_fleet`, one
 child process); a real uvicorn gateway with the same ``kv_pool`` section routes to them.
 Once a long prompt has run on one backend, the index holds its chain for that backend and
 for the pool (`prefix_index.POOL_ID`), so the gateway expects the other backend to load it

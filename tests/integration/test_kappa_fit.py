@@ -7,7 +7,7 @@ import string
 
 import pytest
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from router.cost import BackendSpec
 from tests.integration.gateway_support import MOCK_MODEL, backend_doc, run_gateway, run_mocks
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.catalog import default_catalog
-from gateway.fleet import mock_fleet
-from gateway.processes import free_port
-from gateway.settings import Settings, parse_settings
+from fleet_config.catalog import default_catalog
+from gateway.commands.fleet import mock_fleet
+from gateway.commands.processes import free_port
+from fleet_config.settings import Settings, parse_settings
 
 pytestmark = pytest.mark.integration
 

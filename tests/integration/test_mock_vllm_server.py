@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from mock_vllm.engine import MockEngine
 from mock_vllm.server import MOCK_VERSION, create_app
 from mock_vllm.types import EngineConfig

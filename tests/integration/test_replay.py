@@ -18,10 +18,10 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from gateway.catalog import default_catalog
-from gateway.cli import app as cli_app
-from gateway.replay import ReplayError, first_model_id, replay
-from gateway.replay_report import summarize
+from fleet_config.catalog import default_catalog
+from gateway.commands.cli import app as cli_app
+from gateway.commands.replay import ReplayError, first_model_id, replay
+from gateway.commands.replay_report import summarize
 from mock_vllm.engine import MockEngine
 from mock_vllm.server import create_app
 from mock_vllm.types import EngineConfig

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from gateway.cli import app
+from gateway.commands.cli import app
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("kappa-gateway")
-    cmd = [exe, *args] if exe else [sys.executable, "-c", "from gateway.cli import main; main()", *args]
+    cmd = [exe, *args] if exe else [sys.executable, "-c", "from gateway.commands.cli import main; main()", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.catalog import CONFIG_DIR, default_catalog
-from gateway.demo import build_report
-from gateway.replay import RequestResult
-from gateway.settings import load_settings
+from fleet_config.catalog import CONFIG_DIR, default_catalog
+from gateway.commands.demo import build_report
+from gateway.commands.replay import RequestResult
+from fleet_config.settings import load_settings
 
 SETTINGS = load_settings(CONFIG_DIR / "fleet.local.yaml", default_catalog(), env={})
 

@@ -7,10 +7,10 @@ import random
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from gateway.catalog import default_catalog
-from gateway.pool import BackendPool, BackendState
+from fleet_config.catalog import default_catalog
+from gateway.backends import BackendSet, BackendState
 from gateway.routing import RoutingService
-from gateway.settings import parse_settings
+from fleet_config.settings import parse_settings
 from gateway.telemetry import Telemetry
 from prefix_index import MemoryPrefixIndex
 from router.calibration import BytesPerToken
@@ -27,16 +27,16 @@ async def test_explaining_does_not_move_round_robins_turn() -> None:
                         for bid, port in (("a", 9001), ("b", 9002), ("c", 9003))]}
     settings = parse_settings(doc, catalog, env={})
     telemetry = Telemetry(CollectorRegistry())
-    states = [BackendState(b, settings.backend_spec(catalog, b), healthy=True) for b in settings.backends]
+    states = [BackendState.of(b, settings.backend_spec(catalog, b), healthy=True) for b in settings.backends]
 
     async def forget(backend_id: str) -> None:
         return None
 
     async with aiohttp.ClientSession() as session:
-        pool = BackendPool(states, session, telemetry, on_restart=forget, health_interval_s=1, scrape_interval_s=1)
+        backends = BackendSet(states, session, telemetry, on_restart=forget, health_interval_s=1, scrape_interval_s=1)
 
         def service() -> RoutingService:
-            return RoutingService(settings, pool, MemoryPrefixIndex(), build_policy(policy, {}), telemetry,
+            return RoutingService(settings, backends, MemoryPrefixIndex(), build_policy(policy, {}), telemetry,
                                   BytesPerToken(default=4.0), random.Random(7))
 
         async def chosen(svc: RoutingService, explains: int) -> list[str]:

@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.catalog import default_catalog
-from gateway.pool import BackendPool, BackendState
+from fleet_config.catalog import default_catalog
+from gateway.backends import BackendSet, BackendState
 from gateway.routing import INDEX_WARNING_INTERVAL_S, RoutingService
-from gateway.settings import parse_settings
+from fleet_config.settings import parse_settings
 from gateway.telemetry import Telemetry
 from prefix_index import IndexUnavailable, MemoryPrefixIndex
 from router.calibration import BytesPerToken
@@ -47,16 +47,16 @@ async def service_and_clock():
     doc = {"backends": [{"id": "a", "url": "http://127.0.0.1:9", "model": "llama-3.1-8b", "hardware": "h100-sxm"}]}
     settings = parse_settings(doc, catalog, env={})
     telemetry = Telemetry(CollectorRegistry())
-    states = [BackendState(b, settings.backend_spec(catalog, b), healthy=True) for b in settings.backends]
+    states = [BackendState.of(b, settings.backend_spec(catalog, b), healthy=True) for b in settings.backends]
     now = [0.0]
     async with aiohttp.ClientSession() as session:
         async def forget(backend_id: str) -> None:
             return None
 
-        pool = BackendPool(states, session, telemetry, on_restart=forget, health_interval_s=1, scrape_interval_s=1)
+        backends = BackendSet(states, session, telemetry, on_restart=forget, health_interval_s=1, scrape_interval_s=1)
 
         def make(index: MemoryPrefixIndex) -> RoutingService:
-            return RoutingService(settings, pool, index, build_policy("kappa", {}), telemetry,
+            return RoutingService(settings, backends, index, build_policy("kappa", {}), telemetry,
                                   BytesPerToken(default=4.0), random.Random(0), clock=lambda: now[0])
         yield make, now
 

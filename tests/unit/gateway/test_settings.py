@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.catalog import CONFIG_DIR, default_catalog
-from gateway.errors import ConfigError
-from gateway.settings import load_settings, parse_settings
+from fleet_config.catalog import CONFIG_DIR, default_catalog
+from fleet_config.errors import ConfigError
+from fleet_config.settings import load_settings, parse_settings
 
 CATALOG = default_catalog()
 BACKEND = {"id": "a", "url": "http://127.0.0.1:8001", "model": "llama-3.1-8b", "hardware": "h100-sxm"}

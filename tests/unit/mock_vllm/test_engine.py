@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from mock_vllm.engine import DuplicateRequest, MockEngine, PromptTooLong
 from mock_vllm.types import EngineConfig, RequestOutput
 from router import kappa

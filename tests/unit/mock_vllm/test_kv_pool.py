@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from mock_vllm.engine import MockEngine
 from mock_vllm.kv_cache import PagedKVCache, SharedKVPool
 from router.cost import BackendSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from router import kappa as k
 from router.cost import BackendSpec, RequestShape, pool_link_gb_s, predict
 from router.kappa import Regime

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from router import kappa as k
 from router.kappa import Regime
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from router.cost import BackendSpec
 from router.decide import decide
 from router.errors import NoEligibleBackend

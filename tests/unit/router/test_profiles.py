@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.catalog import CONFIG_DIR, load_catalog
+from fleet_config.catalog import CONFIG_DIR, load_catalog
 from router.errors import ProfileError
 from router.profiles import Catalog
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.catalog import CONFIG_DIR, default_catalog
-from gateway.settings import load_settings
-from gateway.sim_command import run_sim
+from fleet_config.catalog import CONFIG_DIR, default_catalog
+from fleet_config.settings import load_settings
+from gateway.commands.sim_command import run_sim
 from router.cost import BackendSpec, RequestShape, predict
-from sim.fleet import Fleet, SimBackend, fleet_from_config
+from sim.fleet import Fleet, SimBackend, fleet_from_settings
 from sim.lower_bound import lower_bound_ratios, lower_bound_summary, lower_bound_ttfts
 from sim.report import policy_report
 from sim.runner import run_policies
@@ -23,7 +23,7 @@ B200 = BackendSpec(model=CATALOG.model(MODEL), hardware=CATALOG.hw("b200"))
 
 def heterogeneous() -> Fleet:
     settings = load_settings(CONFIG_DIR / "fleets" / "heterogeneous.yaml", CATALOG, env={})
-    return fleet_from_config(settings.model_dump(), CATALOG)
+    return fleet_from_settings(settings, CATALOG)
 
 
 def test_bound_is_the_best_backends_empty_prefill_with_the_shared_prefix_in_hbm() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.catalog import default_catalog
+from fleet_config.catalog import default_catalog
 from router.cost import BackendSpec
 from sim.fleet import SimBackend
 from sim.report import percentile, policy_report

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.catalog import CONFIG_DIR, default_catalog
-from gateway.settings import load_settings
+from fleet_config.catalog import CONFIG_DIR, default_catalog
+from fleet_config.settings import load_settings
 from router.cost import BackendSpec
 from router.policies import POLICY_NAMES, build_policy
-from sim.fleet import Fleet, SimBackend, fleet_from_config
+from sim.fleet import Fleet, SimBackend, fleet_from_settings
 from sim.prompts import prepare_trace
 from sim.report import policy_report
 from sim.runner import run_policies
@@ -31,7 +31,7 @@ def prepared(requests: list[TraceRequest], fleet: Fleet):
 
 def heterogeneous() -> Fleet:
     settings = load_settings(CONFIG_DIR / "fleets" / "heterogeneous.yaml", CATALOG, env={})
-    return fleet_from_config(settings.model_dump(), CATALOG)
+    return fleet_from_settings(settings, CATALOG)
 
 
 def test_two_requests_on_one_backend_match_the_hand_worked_roofline() -> None:
@@ -165,7 +165,7 @@ def test_a_prompt_longer_than_the_context_is_refused_not_simulated() -> None:
 def test_the_shipped_fleets_build() -> None:
     for path in sorted((CONFIG_DIR / "fleets").glob("*.yaml")):
         settings = load_settings(path, CATALOG, env={})
-        fleet = fleet_from_config(settings.model_dump(), CATALOG)
+        fleet = fleet_from_settings(settings, CATALOG)
         assert [b.id for b in fleet.backends] == [b.id for b in settings.backends]
         for sim_backend, entry in zip(fleet.backends, settings.backends, strict=True):
             assert sim_backend.spec == settings.backend_spec(CATALOG, entry)

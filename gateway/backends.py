@@ -1,4 +1,4 @@
-"""The backend pool: health checks, vLLM metrics scraping, restart detection, the ledger.
+"""The backend set: health checks, vLLM metrics scraping, restart detection.
 
 Health: ``GET /health`` every ``health_interval_s``; one failure (or a connect error while
 proxying) takes a backend out of the candidate set, one success brings it back.
@@ -7,10 +7,9 @@ usage, block size and KV capacity from ``vllm:cache_config_info``, and
 ``process_start_time_seconds`` — when it changes, or the prefix-cache counters go
 backwards, the backend restarted with an empty cache and the index forgets it.
 
-The ledger is the gateway's own account of what it sent where, updated at decision time
-(not after): in-flight requests, the KV bytes charged to them ((K+T+max_tokens)·B_kv) and
-the predicted prefill seconds not yet past their first byte. A `Ticket` releases its
-charges exactly once.
+Each backend's state is a `dispatch.Target` (its spec, last scrape and ledger, what the
+routing pipeline reads) plus what only the edge needs: its config entry, health, and the
+measured κ_crit fit.
 """
 
 from __future__ import annotations
@@ -22,100 +21,42 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from gateway.scrape import BackendMetrics, parse_vllm_metrics
-from gateway.settings import BackendEntry
+from dispatch import BackendMetrics, Target
+from fleet_config.settings import BackendEntry
+from gateway.scrape import parse_vllm_metrics
 from gateway.telemetry import Telemetry
-from router import kappa
 from router.calibration import KappaCritFit
 from router.cost import BackendSpec
+from router.profiles import GB
 
 log = logging.getLogger("kappa_gateway.pool")
 
 PROBE_TIMEOUT_S = 2.0
-# Share of HBM vLLM may use by default (gpu_memory_utilization 0.9): KV capacity until a scrape says.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-VLLM_BLOCK_SIZE_TOKENS = 16  # vLLM's default --block-size, until a scrape reports the real one
 
 
 @dataclass(eq=False)
-class BackendState:
-    """Everything the gateway knows about one backend. Mutated only by the pool and tickets."""
+class BackendState(Target):
+    """Everything the gateway knows about one backend. Mutated only by the backend set and tickets.
 
-    entry: BackendEntry
-    spec: BackendSpec
-    healthy: bool = False
-    metrics: BackendMetrics = field(default_factory=BackendMetrics)
-    in_flight: int = 0
-    kv_demand_bytes: float = 0.0
-    outstanding_prefill_s: float = 0.0
-    recorded_blocks: int = 0  # blocks recorded in the index for it (its "tree size"), approximate
-    model_checked: bool = False  # its /v1/models listed the configured model (re-checked after a restart)
+    Build it with `BackendState.of` (from a config entry and its spec).
+    """
+
+    entry: BackendEntry = field(kw_only=True)
+    healthy: bool = field(default=False, kw_only=True)
+    model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
     kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from clean TTFT samples
-    _kv_capacity: tuple[BackendMetrics, float] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit)
 
-    @property
-    def id(self) -> str:
-        return self.entry.id
-
-    @property
-    def kv_capacity_bytes(self) -> float:
-        """KV memory: scraped num_gpu_blocks × block_size × B_kv, else the config's block override,
-        else HBM × 0.9 − weights. Computed once per scrape (it is read for every request)."""
-        m = self.metrics
-        cached = self._kv_capacity
-        if cached is not None and cached[0] is m:
-            return cached[1]
-        capacity = self._kv_capacity_of(m)
-        self._kv_capacity = (m, capacity)
-        return capacity
-
-    def _kv_capacity_of(self, m: BackendMetrics) -> float:
-        if m.num_gpu_blocks and m.block_size_tokens:
-            return m.num_gpu_blocks * m.block_size_tokens * kappa.b_kv_bytes(self.spec.model)
-        if self.entry.num_gpu_blocks_override:
-            return self.entry.num_gpu_blocks_override * VLLM_BLOCK_SIZE_TOKENS * kappa.b_kv_bytes(self.spec.model)
-        hbm = self.spec.hardware.hbm_bytes * self.spec.tensor_parallel * DEFAULT_GPU_MEMORY_UTILIZATION
-        return max(hbm - self.spec.model.weight_bytes, 0.0)
-
-    @property
-    def host_tier_bytes(self) -> float:
-        return self.entry.host_tier_gb * 1e9
+    @classmethod
+    def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:
+        """The state of a configured backend (its host tier and KV block override from ``entry``)."""
+        return cls(entry.id, spec, host_tier_bytes=entry.host_tier_gb * GB,
+                   num_gpu_blocks_override=entry.num_gpu_blocks_override, entry=entry, healthy=healthy)
 
 
-class Ticket:
-    """A request's charges on one backend; `first_byte` and `finish` are idempotent."""
-
-    __slots__ = ("state", "kv_bytes", "prefill_s", "_on_finish", "_first", "_done")
-
-    def __init__(self, state: BackendState, kv_bytes: float, prefill_s: float,
-                 on_finish: Callable[[], None] | None = None) -> None:
-        self.state, self.kv_bytes, self.prefill_s = state, kv_bytes, prefill_s
-        self._on_finish = on_finish  # called once, when the request ends (however it ends)
-        self._first = self._done = False
-        state.in_flight += 1
-        state.kv_demand_bytes += kv_bytes
-        state.outstanding_prefill_s += prefill_s
-
-    def first_byte(self) -> None:
-        if not self._first:
-            self._first = True
-            self.state.outstanding_prefill_s = max(self.state.outstanding_prefill_s - self.prefill_s, 0.0)
-
-    def finish(self) -> None:
-        if self._done:
-            return
-        self.first_byte()
-        self._done = True
-        self.state.in_flight -= 1
-        self.state.kv_demand_bytes = max(self.state.kv_demand_bytes - self.kv_bytes, 0.0)
-        if self._on_finish is not None:
-            self._on_finish()
-
-
-class BackendPool:
+class BackendSet:
     """Owns the backends' states and the background tasks that keep them fresh.
 
     Args:
@@ -138,15 +79,12 @@ class BackendPool:
         self._scrape_interval_s = scrape_interval_s
         self._tasks: list[asyncio.Task[None]] = []
         for s in states:
-            telemetry.init_backend(s.id, s.spec.kappa_crit, in_flight=lambda s=s: s.in_flight,
-                                   kv_demand_bytes=lambda s=s: s.kv_demand_bytes)
+            telemetry.init_backend(s.id, s.spec.kappa_crit, in_flight=lambda s=s: s.ledger.in_flight,
+                                   kv_demand_bytes=lambda s=s: s.ledger.kv_demand_bytes)
 
     def eligible(self, model: str) -> list[BackendState]:
         """Healthy backends serving ``model``, in config order."""
         return [s for s in self.states if s.healthy and s.entry.model == model]
-
-    def serves(self, model: str) -> bool:
-        return any(s.entry.model == model for s in self.states)
 
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self.states)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gateway.replay import ERROR_EXAMPLES, QUEUED_THRESHOLD_S, RequestResult
+from gateway.commands.replay import ERROR_EXAMPLES, QUEUED_THRESHOLD_S, RequestResult
 from sim.report import percentile
 
 

@@ -1,4 +1,6 @@
-"""Gateway configuration: the one reader of the YAML file and of ``os.environ``.
+"""The deployment config: one schema, read by the gateway, the simulator and the mock backends.
+
+The one reader of the config YAML file and of ``os.environ``.
 
 One file per deployment (``config/fleet.local.yaml`` is the example)::
 
@@ -27,7 +29,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gateway.errors import ConfigError
+from fleet_config.errors import ConfigError
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
 from router.cost import BackendSpec, pool_link_gb_s
 from router.policies import POLICY_NAMES, PolicyConfigError, build_policy

@@ -13,7 +13,7 @@ def _f(value: float | None, fmt: str) -> str:
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
-    """Print `gateway.demo.build_report`'s dict for a person."""
+    """Print `gateway.commands.demo.build_report`'s dict for a person."""
     title = (f"kappa-gateway demo: {report['requests']} requests, {report['errors']} errors, policy "
              f"{report['policy']}, {report['wall_s']} s of wall time")
     table = Table(title=title, caption=report["workload"])

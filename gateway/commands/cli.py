@@ -1,9 +1,9 @@
 """The ``kappa-gateway`` command line.
 
-``serve`` (the gateway), ``demo`` (mock fleet + gateway + traffic + report), ``mock-vllm``
-and ``mock-fleet`` (vLLM-compatible mock backends), ``replay`` (a trace against any OpenAI
-URL), ``sim`` (policies compared in virtual time) and ``crit`` (κ_crit for model ×
-hardware). ``analyze`` is not built yet and is absent, not stubbed.
+``serve`` (the gateway), ``demo`` (mock fleet + gateway + traffic + report), ``replay`` (a
+trace against any OpenAI URL), ``sim`` (policies compared in virtual time) and ``crit``
+(κ_crit for model × hardware) here; ``mock-vllm`` and ``mock-fleet`` (vLLM-compatible mock
+backends) in `gateway.commands.mock_cli`. ``analyze`` is not built yet and is absent, not stubbed.
 """
 
 from __future__ import annotations
@@ -18,22 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gateway.catalog import default_catalog
-from gateway.crit import CritRow, crit_rows
+from fleet_config.catalog import default_catalog
+from gateway.commands.crit import CritRow, crit_rows
+from gateway.commands.typer_app import app, load_config
 from router.errors import ProfileError
-
-app = typer.Typer(
-    name="kappa-gateway",
-    help="κ-aware OpenAI-compatible routing gateway for heterogeneous vLLM fleets.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-
-
-@app.callback()
-def _root() -> None:
-    """κ-aware OpenAI-compatible routing gateway for heterogeneous vLLM fleets."""
-
 
 def _fmt_crit(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:.2f}"
@@ -91,49 +79,6 @@ def crit(
     )
 
 
-# uvicorn waits forever for open streams by default (STYLE.md B7); a mock stream is cut after this.
-MOCK_VLLM_GRACEFUL_SHUTDOWN_S = 5.0
-
-
-@app.command("mock-vllm")
-def mock_vllm(
-    model: Annotated[str, typer.Option("--model", "-m", help="catalog model name")] = "llama-3.1-8b",
-    hardware: Annotated[str, typer.Option("--hardware", "-w", help="catalog hardware name")] = "h100-sxm",
-    host_tier_gb: Annotated[float, typer.Option("--host-tier-gb", min=0, help="CPU KV offload tier, GB (0: none)")] = 0.0,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8001,
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-    time_scale: Annotated[float, typer.Option(
-        "--time-scale", help="wall seconds per modelled second, > 0 (0.01 = 100x faster)")] = 1.0,
-    power_cap_w: Annotated[float | None, typer.Option("--power-cap-w", help="board power cap, W")] = None,
-    tensor_parallel: Annotated[int, typer.Option("--tensor-parallel", min=1, help="GPUs in the TP group")] = 1,
-    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="vLLM --max-num-seqs (default 256)")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens (default 8192)")] = None,
-    num_gpu_blocks_override: Annotated[int | None, typer.Option(
-        "--num-gpu-blocks-override", min=1, help="vLLM --num-gpu-blocks-override: KV blocks instead of what HBM allows")] = None,
-    served_model_name: Annotated[str | None, typer.Option(
-        "--served-model-name", help="model name clients send (default: the catalog name)")] = None,
-    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level; 'warning' drops access logs")] = "info",
-) -> None:
-    """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE."""
-    import uvicorn
-
-    from mock_vllm.app_factory import build_app
-
-    catalog = default_catalog()
-    try:
-        app_ = build_app(
-            catalog.model(model), catalog.hw(hardware), host_tier_gb=host_tier_gb, power_cap_w=power_cap_w,
-            tensor_parallel=tensor_parallel, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            num_gpu_blocks_override=num_gpu_blocks_override,
-            time_scale=time_scale, served_model_name=served_model_name,
-        )
-    except ValueError as exc:  # ProfileError (unknown model/hardware) or a bad setting
-        raise typer.BadParameter(str(exc)) from exc
-    uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S,
-                log_level=log_level, access_log=log_level in ("debug", "trace", "info"))
-
-
 # uvicorn waits forever for open streams by default (STYLE.md B7): the config sets the bound.
 @app.command()
 def serve(
@@ -147,66 +92,11 @@ def serve(
 
     from gateway.app import create_app
 
-    settings = _load(config)
+    settings = load_config(config)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=host or settings.gateway.host, port=port or settings.gateway.port,
                 timeout_graceful_shutdown=settings.gateway.graceful_shutdown_timeout_s, log_level=log_level,
                 access_log=False)
-
-
-@app.command("mock-fleet")
-def mock_fleet_cmd(
-    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")] = Path("config/fleet.local.yaml"),
-    time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second (0.01 = 100x faster)")] = 1.0,
-) -> None:
-    """Start a mock vLLM backend for every local backend in the config; Ctrl-C stops them all.
-
-    With a kv_pool section, one process serves every mock, all on one shared KV pool.
-    """
-    import signal
-    import sys
-    import time
-
-    from gateway.fleet import mock_fleet
-
-    settings = _load(config)
-    with mock_fleet(settings, time_scale=time_scale, quiet=False) as mocks:
-        for mock in mocks:
-            if settings.kv_pool is not None:
-                typer.echo(f"one process (pid {mock.proc.pid}) serving {len(mock.backends)} mocks that share a "
-                           f"{settings.kv_pool.capacity_gb:g} GB KV pool:")
-            for backend in mock.backends:
-                typer.echo(f"{backend.id}: {backend.hardware} x{backend.tensor_parallel} at {backend.url} "
-                           f"(pid {mock.proc.pid})")
-        typer.echo("mock fleet up; Ctrl-C to stop")
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's `&` job starts with SIGINT ignored
-        try:
-            while all(m.proc.poll() is None for m in mocks):
-                time.sleep(0.5)  # supervising: wake to notice a child that died
-        except KeyboardInterrupt:
-            pass
-
-
-@app.command("mock-fleet-worker", hidden=True)
-def mock_fleet_worker(
-    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML with a kv_pool section")],
-    time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second")] = 1.0,
-) -> None:
-    """Serve every local mock of CONFIG in this one process, on one shared KV pool (started by mock-fleet)."""
-    from gateway.errors import ConfigError
-    from gateway.fleet import local_backends
-    from gateway.fleet_worker import run_pooled_fleet
-    from gateway.settings import load_settings
-
-    catalog = default_catalog()
-    try:
-        settings = load_settings(config, catalog, env={})  # as mock-fleet resolved it: no overrides again
-        status = run_pooled_fleet(settings, catalog, local_backends(settings), time_scale=time_scale)
-    except (ConfigError, ValueError) as exc:
-        typer.echo(f"error: {config}: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    raise typer.Exit(status)
 
 
 @app.command()
@@ -221,10 +111,10 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Start the local mock fleet and the gateway, replay real-shaped traffic, report routing per backend."""
-    from gateway.demo import run_demo
-    from gateway.demo_report import print_report
+    from gateway.commands.demo import run_demo
+    from gateway.commands.demo_report import print_report
 
-    _load(config)  # fail early, with the path, on a bad config
+    load_config(config)  # fail early, with the path, on a bad config
     if not as_json:
         typer.echo(f"starting the mock fleet of {config} (time scale {time_scale:g}) and the gateway, then replaying "
                    f"{requests} requests (about a minute by default)…", err=True)
@@ -253,13 +143,13 @@ def sim_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Compare routing policies on a trace and fleet in virtual time (the real router and index, mock engines)."""
-    from gateway.sim_command import print_sim_report, run_sim
+    from gateway.commands.sim_command import print_sim_report, run_sim
 
     if rate_scale <= 0:
         raise typer.BadParameter(f"must be > 0, got {rate_scale}", param_hint="--rate-scale")
     if kv_pool_gb is not None and kv_pool_gb <= 0:
         raise typer.BadParameter(f"must be > 0, got {kv_pool_gb:g}", param_hint="--kv-pool-gb")
-    _load(fleet)  # fail early, with the path, on a bad config
+    load_config(fleet)  # fail early, with the path, on a bad config
     names = [p.strip() for p in policies.split(",") if p.strip()]
     try:
         report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed, kv_pool_gb=kv_pool_gb)
@@ -269,17 +159,6 @@ def sim_cmd(
         typer.echo(json.dumps(report, indent=2))
     else:
         print_sim_report(report, Console())
-
-
-def _load(config: Path):
-    from gateway.errors import ConfigError
-    from gateway.settings import load_settings
-
-    try:
-        return load_settings(config, default_catalog())
-    except ConfigError as exc:
-        typer.echo(f"error: {config}: {exc}" if not str(exc).startswith(str(config)) else f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
 
 
 @app.command("replay")
@@ -298,8 +177,8 @@ def replay_trace(
     import asyncio
     import contextlib
 
-    from gateway.replay import ReplayError, RequestResult, first_model_id, replay
-    from gateway.replay_report import print_summary, summarize
+    from gateway.commands.replay import ReplayError, RequestResult, first_model_id, replay
+    from gateway.commands.replay_report import print_summary, summarize
     from sim.traces import load_trace
 
     if speedup <= 0:
@@ -328,6 +207,9 @@ def replay_trace(
         print_summary(summary, Console(), concurrency=concurrency)
     if summary["errors"]:
         raise typer.Exit(1)  # a replay with failed requests is a failed run (scripts and CI can tell)
+
+
+from gateway.commands import mock_cli  # noqa: E402,F401 -- registers mock-vllm, mock-fleet, mock-fleet-worker
 
 
 def main() -> None:

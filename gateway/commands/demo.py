@@ -1,7 +1,7 @@
 """``kappa-gateway demo``: the fleet of ``config/fleet.local.yaml``, the gateway, real traffic, a report.
 
 Starts the four mock backends (child processes) and the gateway (a child process, embedded
-index) on free loopback ports, replays a workload through real HTTP (`gateway.replay`),
+index) on free loopback ports, replays a workload through real HTTP (`gateway.commands.replay`),
 and reports per backend: requests, regime split, κ_ratio p50/p90, prefix hit rate, TTFT
 p50/p90 and energy (from each mock's ``mock_vllm:energy_joules_total``). Every process it
 started is ended by its pid when it finishes.
@@ -28,12 +28,12 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.catalog import CONFIG_DIR, default_catalog
-from gateway.fleet import mock_fleet
-from gateway.processes import answers_ok, free_port, stop_processes
-from gateway.replay import RequestResult, replay
+from fleet_config.catalog import CONFIG_DIR, default_catalog
+from gateway.commands.fleet import mock_fleet
+from gateway.commands.processes import answers_ok, free_port, stop_processes
+from gateway.commands.replay import RequestResult, replay
 from sim.report import percentile
-from gateway.settings import Settings, load_settings, parse_settings
+from fleet_config.settings import Settings, load_settings, parse_settings
 from sim.traces import TraceRequest, load_trace
 from sim.workloads import mooncake_like
 

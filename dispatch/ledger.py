@@ -1,0 +1,77 @@
+"""The gateway's own account of what it sent where: one `Ledger` per backend, one `Ticket` per request.
+
+Charged at decision time, not after (REFERENCE.md §6: least-loaded counts at decision
+time): the request's in-flight count, the KV bytes it occupies ((K+T+max_tokens)·B_kv,
+less a prefix other requests there already hold; `router.candidates`) and its predicted
+prefill seconds. The prefill is released at the first byte (the backend has done it), the
+rest when the request ends, however it ends. The gateway runs tickets live; the simulator
+runs the same tickets in virtual time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Ledger", "Ticket"]
+
+
+@dataclass(eq=False, slots=True)
+class Ledger:
+    """One backend's charges. Changed only by tickets (and `recorded_blocks` by the dispatcher).
+
+    Attributes:
+        in_flight: requests sent there and not yet ended.
+        kv_demand_bytes: KV bytes charged to them, bytes.
+        outstanding_prefill_s: predicted prefill seconds of those not yet past their first byte.
+        recorded_blocks: index blocks recorded for the backend since it was last forgotten (its
+            "tree size", for prefix-affinity's smallest-cache rule); approximate.
+    """
+
+    in_flight: int = 0
+    kv_demand_bytes: float = 0.0
+    outstanding_prefill_s: float = 0.0
+    recorded_blocks: int = 0
+
+
+class Ticket:
+    """A request's charges on one ledger; `first_byte` and `finish` are idempotent.
+
+    Args:
+        ledger: the backend's ledger (charged at construction).
+        kv_bytes: KV bytes the request occupies there, ≥ 0.
+        prefill_s: its predicted prefill seconds, ≥ 0.
+        on_finish: called once when the request ends (however it ends).
+    """
+
+    __slots__ = ("ledger", "kv_bytes", "prefill_s", "_on_finish", "_first", "_done")
+
+    def __init__(self, ledger: Ledger, kv_bytes: float, prefill_s: float,
+                 on_finish: Callable[[], None] | None = None) -> None:
+        self.ledger, self.kv_bytes, self.prefill_s = ledger, kv_bytes, prefill_s
+        self._on_finish = on_finish
+        self._first = self._done = False
+        ledger.in_flight += 1
+        ledger.kv_demand_bytes += kv_bytes
+        ledger.outstanding_prefill_s += prefill_s
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def first_byte(self) -> None:
+        """The backend answered: its prefill is done, release the predicted prefill seconds."""
+        if not self._first:
+            self._first = True
+            self.ledger.outstanding_prefill_s = max(self.ledger.outstanding_prefill_s - self.prefill_s, 0.0)
+
+    def finish(self) -> None:
+        """The request ended: release everything it holds."""
+        if self._done:
+            return
+        self.first_byte()
+        self._done = True
+        self.ledger.in_flight -= 1
+        self.ledger.kv_demand_bytes = max(self.ledger.kv_demand_bytes - self.kv_bytes, 0.0)
+        if self._on_finish is not None:
+            self._on_finish()

@@ -1,0 +1,283 @@
+"""The one routing pipeline: from a hashed request to a ranked decision and its bookkeeping.
+
+DESIGN.md §1 steps 3–4 and 6, shared by the live gateway (`gateway.routing`) and the
+simulator (`sim.simulator`), so both route by the same code:
+
+1. capacities: each target's KV capacity (`Target.kv_capacity_bytes`) and host tier in
+   index blocks of the model's current tokens-per-block estimate, plus the fleet-shared KV
+   pool's, if any;
+2. one index call for every target and the pool (`PrefixIndex.match`);
+3. the in-flight overlay (`prefix_index.PendingChains`: chains of requests routed and not yet
+   ended count as held in HBM where they went) and the pool overlay (`with_pool`);
+4. `router.types.RequestFeatures` and one `BackendView` per target, then `router.decide`;
+5. bookkeeping: `charge` opens a `Ticket` on the chosen target's ledger and marks its chain
+   in flight; `record` tells the index the backend (and the pool) now caches the chain;
+   `forget` drops a restarted backend; `observe_prompt_tokens` calibrates bytes per token.
+
+Index trouble degrades routing (no prefix match), never the request: a failed call is
+reported to the `DispatchHooks` and the request is routed without matches. The pipeline
+reads no clock of its own; with hooks it times the index calls and the decision on the
+injected clock.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dispatch.ledger import Ticket
+from dispatch.target import Target
+from prefix_index import (
+    NO_MATCH,
+    POOL_ID,
+    BlockMatch,
+    PendingChains,
+    PrefixIndex,
+    PrefixIndexError,
+    TierCapacity,
+    pool_capacity,
+    with_pool,
+)
+from router import kappa
+from router.calibration import BytesPerToken
+from router.decide import decide
+from router.policies import Policy
+from router.types import BackendView, Candidate, Decision, RequestFeatures
+
+__all__ = ["DispatchHooks", "Dispatcher", "Plan", "RoutableRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutableRequest:
+    """What routing needs of a request: its model, prompt chain and sizes.
+
+    Attributes:
+        model: the served model name.
+        hashes: the prompt's chained block hashes (`prefix_index.block_hashes`).
+        prompt_bytes: length of its canonical prompt bytes (tokens ≈ bytes / bytes-per-token).
+        max_tokens: tokens it may generate (its KV grows by as much).
+    """
+
+    model: str
+    hashes: Sequence[int]
+    prompt_bytes: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A decision plus what the bookkeeping needs.
+
+    Attributes:
+        request: what was routed.
+        features: the router's view of the request.
+        views: one per target, in the targets' order.
+        decision: the ranking (``decision.chosen`` first, then where retries go).
+        targets: the targets by id.
+        index_ok: the index answered (False: routed without prefix matches).
+    """
+
+    request: RoutableRequest
+    features: RequestFeatures
+    views: tuple[BackendView, ...]
+    decision: Decision
+    targets: dict[str, Target]
+    index_ok: bool
+
+
+class DispatchHooks(Protocol):
+    """Where the pipeline reports index health and timings (the gateway's telemetry)."""
+
+    def index_failed(self, op: str, exc: PrefixIndexError) -> None:
+        """An index call (``match``, ``record``, ``forget``) failed; routing goes on without it."""
+
+    def index_answered(self, op: str, seconds: float) -> None:
+        """An index call succeeded after ``seconds``."""
+
+    def decided(self, seconds: float) -> None:
+        """A (non-dry-run) decision took ``seconds``, the index lookup excluded."""
+
+
+class Dispatcher:
+    """Owns the routing pipeline's state: the in-flight chains, capacities, calibration.
+
+    Args:
+        index: the prefix index (memory or Redis).
+        policy: the configured policy (it may keep state, e.g. round-robin's turn).
+        rng: randomness for tie-breaks.
+        calibration: bytes per token per model (`router.calibration.BytesPerToken`).
+        block_size_bytes: the index block in bytes (`prefix_index.block_size_bytes`).
+        kv_pool_bytes: capacity of the KV pool the backends share, bytes (``None``: none).
+        hooks: index health and timing reports (``None``: nothing is reported or timed, and
+            index errors propagate).
+        clock: monotonic seconds, read only to time calls for ``hooks``.
+        gather: awaits several index calls at once. Live, ``asyncio.gather``, so that a Redis
+            index sends a backend's record and the pool's in one round trip; the default
+            awaits them in turn, which is what the simulator's loop-free driver needs.
+    """
+
+    def __init__(self, index: PrefixIndex, policy: Policy, rng: random.Random, calibration: BytesPerToken, *,
+                 block_size_bytes: int, kv_pool_bytes: float | None = None, hooks: DispatchHooks | None = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 gather: Callable[..., Awaitable[Any]] | None = None) -> None:
+        self.index, self.policy, self.rng, self.calibration = index, policy, rng, calibration
+        self.gather = gather or _in_turn
+        self.block_size_bytes = block_size_bytes
+        self.kv_pool_bytes = kv_pool_bytes
+        self.hooks, self.clock = hooks, clock
+        self.pending = PendingChains()  # chains of the requests in flight, by backend
+        self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
+
+    # -- capacities ----------------------------------------------------------------------
+    def tokens_per_block(self, model: str) -> float:
+        """Tokens one index block stands for: block bytes ÷ the model's bytes per token."""
+        return self.block_size_bytes / self.calibration.get(model)
+
+    def capacity(self, target: Target, model: str) -> TierCapacity:
+        """A target's KV capacity in index blocks, HBM and host tier (recomputed only when the
+        scraped capacity or the bytes/token calibration moved)."""
+        inputs = (target.kv_capacity_bytes, self.calibration.get(model))
+        cached = self._capacities.get((target.id, model))
+        if cached is not None and cached[0] == inputs:
+            return cached[1]
+        block_kv_bytes = self.tokens_per_block(model) * kappa.b_kv_bytes(target.spec.model)
+        capacity = TierCapacity(int(inputs[0] // block_kv_bytes), int(target.host_tier_bytes // block_kv_bytes))
+        self._capacities[(target.id, model)] = (inputs, capacity)
+        return capacity
+
+    def kv_pool_capacity(self, target: Target, model: str) -> TierCapacity | None:
+        """The shared KV pool's capacity in index blocks of ``model`` (None without a pool);
+        ``target`` is any backend serving it (for B_kv)."""
+        if self.kv_pool_bytes is None:
+            return None
+        return pool_capacity(self.kv_pool_bytes, self.tokens_per_block(model) * kappa.b_kv_bytes(target.spec.model))
+
+    # -- deciding ------------------------------------------------------------------------
+    async def plan(self, request: RoutableRequest, targets: Sequence[Target], *, dry_run: bool = False) -> Plan:
+        """Rank ``targets`` (healthy, serving ``request.model``, non-empty) for ``request``.
+
+        ``dry_run`` (the explain endpoint) decides on copies of the policy and the random
+        generator, so explaining a request leaves the next real decision as it would have
+        been (round-robin's turn, tie-breaks), and is not timed.
+
+        Raises:
+            router.errors.NoEligibleBackend: ``targets`` is empty.
+        """
+        model = request.model
+        capacities = {t.id: self.capacity(t, model) for t in targets}
+        pool = self.kv_pool_capacity(targets[0], model) if targets else None
+        lookup = capacities if pool is None else {**capacities, POOL_ID: pool}
+        matches, index_ok = await self._match(request, lookup)
+        matches = self.pending.overlay(model, request.hashes, matches, lookup)
+        if pool is not None:
+            matches = with_pool(matches, capacities)
+        tokens_per_block = self.tokens_per_block(model)
+        features = RequestFeatures(
+            model=model,
+            prompt_tokens=max(round(request.prompt_bytes / self.calibration.get(model)), 1),
+            max_tokens=request.max_tokens,
+            prompt_blocks=len(request.hashes),
+            block_size_tokens=tokens_per_block,
+        )
+        views = tuple(_view(t, matches.get(t.id, NO_MATCH), capacities[t.id]) for t in targets)
+        if dry_run:
+            rng = random.Random()
+            rng.setstate(self.rng.getstate())
+            decision = decide(copy.deepcopy(self.policy), features, views, rng)
+        elif self.hooks is None:
+            decision = decide(self.policy, features, views, self.rng)
+        else:
+            start = self.clock()
+            decision = decide(self.policy, features, views, self.rng)
+            self.hooks.decided(self.clock() - start)
+        return Plan(request, features, views, decision, {t.id: t for t in targets}, index_ok)
+
+    async def _match(self, request: RoutableRequest,
+                     capacities: dict[str, TierCapacity]) -> tuple[dict[str, BlockMatch], bool]:
+        if not request.hashes:
+            return {}, True
+        hooks = self.hooks
+        start = self.clock() if hooks is not None else 0.0
+        try:
+            matches = await self.index.match(request.model, request.hashes, capacities)
+        except PrefixIndexError as exc:
+            if hooks is None:
+                raise
+            hooks.index_failed("match", exc)
+            return {}, False
+        if hooks is not None:
+            hooks.index_answered("match", self.clock() - start)
+        return matches, True
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def charge(self, plan: Plan, candidate: Candidate) -> Ticket:
+        """Charge a candidate's KV demand and prefill to its target's ledger, now, and mark its
+        chain as in flight there until the ticket finishes: its prefill computes the chain
+        into that backend's HBM, and vLLM does not evict the blocks of a running request."""
+        target = plan.targets[candidate.backend_id]
+        est = candidate.estimate
+        model, hashes = plan.request.model, plan.request.hashes
+        self.pending.add(model, target.id, hashes)
+        return Ticket(target.ledger, est.kv_demand_bytes, est.prefill_s,
+                      on_finish=lambda: self.pending.remove(model, target.id, hashes))
+
+    async def record(self, model: str, target: Target, hashes: Sequence[int]) -> None:
+        """The backend now caches this chain (its prefill ran), and so does the shared KV pool
+        if there is one (the backend writes through to it): tell the index, in one batch."""
+        if not hashes:
+            return
+        hooks = self.hooks
+        start = self.clock() if hooks is not None else 0.0
+        pool = self.kv_pool_capacity(target, model)
+        try:
+            if pool is None:
+                await self.index.record(model, target.id, hashes, self.capacity(target, model))
+            else:
+                await self.gather(self.index.record(model, target.id, hashes, self.capacity(target, model)),
+                                  self.index.record(model, POOL_ID, hashes, pool))
+        except PrefixIndexError as exc:
+            if hooks is None:
+                raise
+            hooks.index_failed("record", exc)
+            return
+        target.ledger.recorded_blocks += len(hashes)
+        if hooks is not None:
+            hooks.index_answered("record", self.clock() - start)
+
+    async def forget(self, target: Target) -> None:
+        """Drop everything the index holds for a backend (it restarted with an empty cache)."""
+        try:
+            await self.index.forget(target.id)
+        except PrefixIndexError as exc:
+            if self.hooks is None:
+                raise
+            self.hooks.index_failed("forget", exc)
+            return
+        target.ledger.recorded_blocks = 0
+
+    def observe_prompt_tokens(self, model: str, prompt_bytes: int, prompt_tokens: int) -> bool:
+        """Fold a response's ``usage.prompt_tokens`` into the bytes/token calibration; False if
+        the sample was implausible and ignored (`router.calibration.BytesPerToken.observe`)."""
+        return self.calibration.observe(model, prompt_bytes, prompt_tokens)
+
+
+async def _in_turn(*calls: Awaitable[Any]) -> list[Any]:
+    return [await call for call in calls]
+
+
+def _view(target: Target, match: BlockMatch, capacity: TierCapacity) -> BackendView:
+    m, ledger = target.metrics, target.ledger
+    return BackendView(
+        backend_id=target.id, spec=target.spec,
+        matched_blocks=match.matched_blocks, hbm_blocks=match.hbm_blocks, host_blocks=match.host_blocks,
+        pool_blocks=match.pool_blocks, in_flight_blocks=match.in_flight_blocks,
+        cached_blocks=min(ledger.recorded_blocks, capacity.total_blocks),
+        in_flight=ledger.in_flight, kv_demand_bytes=ledger.kv_demand_bytes,
+        outstanding_prefill_s=ledger.outstanding_prefill_s, kv_capacity_bytes=target.kv_capacity_bytes,
+        num_requests_waiting=m.num_requests_waiting, num_requests_running=m.num_requests_running,
+        kv_cache_usage_ratio=m.kv_cache_usage_ratio,
+    )

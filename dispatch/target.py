@@ -1,0 +1,76 @@
+"""One backend as dispatch sees it: static figures, the last scrape of its metrics, its ledger.
+
+The gateway's backend states (`gateway.backends.BackendState`) and the simulator's backends
+(`sim.simulator`) are both `Target`s, so the pipeline reads the same fields in both. What a
+`Target` knows is what a gateway can know: its config, what vLLM's ``/metrics`` said at
+the last scrape (`BackendMetrics`), and its own ledger — never an engine's live state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dispatch.ledger import Ledger
+from router.capacity import kv_capacity_bytes
+from router.cost import BackendSpec
+
+__all__ = ["BackendMetrics", "Target"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendMetrics:
+    """One scrape of a backend's vLLM metrics (REFERENCE.md §2). ``None`` where not exported.
+
+    Attributes:
+        num_requests_waiting, num_requests_running: ``vllm:num_requests_waiting`` / ``_running``.
+        kv_cache_usage_ratio: ``vllm:kv_cache_usage_perc`` (a 0..1 fraction despite its name).
+        block_size_tokens, num_gpu_blocks: ``vllm:cache_config_info``'s labels.
+        process_start_time_s: ``process_start_time_seconds`` (restart detection).
+        prefix_cache_queries_tokens, prefix_cache_hits_tokens: ``vllm:prefix_cache_queries_total``
+            / ``_hits_total`` (a counter that goes backwards means a restart).
+    """
+
+    num_requests_waiting: int = 0
+    num_requests_running: int = 0
+    kv_cache_usage_ratio: float = 0.0
+    block_size_tokens: int | None = None
+    num_gpu_blocks: int | None = None
+    process_start_time_s: float | None = None
+    prefix_cache_queries_tokens: float = 0.0
+    prefix_cache_hits_tokens: float = 0.0
+
+
+@dataclass(eq=False)
+class Target:
+    """A backend dispatch may route to.
+
+    Args:
+        id: the config's backend id.
+        spec: model, hardware and deployment figures.
+        host_tier_bytes: its host-memory KV offload tier, bytes (0: none).
+        num_gpu_blocks_override: the config's vLLM ``--num-gpu-blocks-override`` (KV capacity
+            until a scrape reports the real one).
+        metrics: the last scrape (replaced whole by the owner at each scrape).
+        ledger: the gateway's charges there.
+    """
+
+    id: str
+    spec: BackendSpec
+    host_tier_bytes: float = 0.0
+    num_gpu_blocks_override: int | None = None
+    metrics: BackendMetrics = field(default_factory=BackendMetrics)
+    ledger: Ledger = field(default_factory=Ledger)
+    _kv_capacity: tuple[BackendMetrics, float] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def kv_capacity_bytes(self) -> float:
+        """KV memory, bytes (`router.capacity.kv_capacity_bytes`: the scraped block count, else
+        the override, else vLLM's sizing rule). Computed once per scrape: it is read per request."""
+        m = self.metrics
+        cached = self._kv_capacity
+        if cached is not None and cached[0] is m:
+            return cached[1]
+        capacity = kv_capacity_bytes(self.spec, num_gpu_blocks=m.num_gpu_blocks, block_size_tokens=m.block_size_tokens,
+                                     num_gpu_blocks_override=self.num_gpu_blocks_override)
+        self._kv_capacity = (m, capacity)
+        return capacity

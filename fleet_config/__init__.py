@@ -1,0 +1,39 @@
+"""The deployment config: one schema for the gateway, the simulator and the mock backends.
+
+    catalog    config/models.yaml + config/hardware.yaml -> `router.profiles.Catalog`
+    settings   the fleet YAML -> frozen, validated `Settings` (strict: errors name the key's path);
+               `Settings.backend_spec` -> the router's `router.cost.BackendSpec` of a backend
+    errors     ConfigError
+
+Every reader of a fleet file goes through `load_settings` / `parse_settings`: the gateway
+(`gateway.lifespan`), the simulator (`sim.fleet.fleet_from_settings`) and the mocks
+(`mock_vllm.app_factory.build_backend_app`), so a backend field means the same everywhere.
+"""
+
+from fleet_config.catalog import CONFIG_DIR, default_catalog, load_catalog
+from fleet_config.errors import ConfigError
+from fleet_config.settings import (
+    BackendEntry,
+    GatewaySection,
+    IndexSection,
+    KvPoolSection,
+    RoutingSection,
+    Settings,
+    load_settings,
+    parse_settings,
+)
+
+__all__ = [
+    "CONFIG_DIR",
+    "BackendEntry",
+    "ConfigError",
+    "GatewaySection",
+    "IndexSection",
+    "KvPoolSection",
+    "RoutingSection",
+    "Settings",
+    "default_catalog",
+    "load_catalog",
+    "load_settings",
+    "parse_settings",
+]

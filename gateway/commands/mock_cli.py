@@ -1,0 +1,133 @@
+"""``kappa-gateway mock-vllm`` and ``mock-fleet``: vLLM-compatible mock backends.
+
+``mock-vllm`` serves one mock, either a backend of a fleet config (``--config FILE
+--backend ID``, every field of that entry honoured) or one described by flags;
+``mock-fleet`` serves every local backend of a config (`gateway.commands.fleet`), through
+the hidden ``mock-fleet-worker``. All three build the mock with
+`mock_vllm.app_factory.build_backend_app` from a config entry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleet_config import ConfigError, default_catalog
+from gateway.commands.typer_app import app, load_config
+
+# uvicorn waits forever for open streams by default (STYLE.md B7); a mock stream is cut after this.
+MOCK_VLLM_GRACEFUL_SHUTDOWN_S = 5.0
+
+
+@app.command("mock-vllm")
+def mock_vllm(
+    model: Annotated[str, typer.Option("--model", "-m", help="catalog model name")] = "llama-3.1-8b",
+    hardware: Annotated[str, typer.Option("--hardware", "-w", help="catalog hardware name")] = "h100-sxm",
+    host_tier_gb: Annotated[float, typer.Option("--host-tier-gb", min=0, help="CPU KV offload tier, GB (0: none)")] = 0.0,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8001,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    time_scale: Annotated[float, typer.Option(
+        "--time-scale", help="wall seconds per modelled second, > 0 (0.01 = 100x faster)")] = 1.0,
+    power_cap_w: Annotated[float | None, typer.Option("--power-cap-w", help="board power cap, W")] = None,
+    tensor_parallel: Annotated[int, typer.Option("--tensor-parallel", min=1, help="GPUs in the TP group")] = 1,
+    host_link_gb_s: Annotated[float | None, typer.Option(
+        "--host-link-gb-s", help="measured sustained host→HBM bandwidth of the TP group, GB/s")] = None,
+    overlap_host_load: Annotated[bool, typer.Option(
+        "--overlap-host-load/--no-overlap-host-load", help="KV loads overlap compute (LMCache-style) or precede it")] = True,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="vLLM --max-num-seqs (default 256)")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens (default 8192)")] = None,
+    num_gpu_blocks_override: Annotated[int | None, typer.Option(
+        "--num-gpu-blocks-override", min=1, help="vLLM --num-gpu-blocks-override: KV blocks instead of what HBM allows")] = None,
+    served_model_name: Annotated[str | None, typer.Option(
+        "--served-model-name", help="model name clients send (default: the catalog name)")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="serve a backend of this fleet config instead (with --backend)")] = None,
+    backend_id: Annotated[str | None, typer.Option("--backend", help="the backend id in --config to impersonate")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level; 'warning' drops access logs")] = "info",
+) -> None:
+    """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE (or a config's backend)."""
+    import uvicorn
+
+    from mock_vllm.app_factory import build_backend_app, standalone_settings
+
+    catalog = default_catalog()
+    try:
+        if config is not None or backend_id is not None:
+            if config is None or backend_id is None:
+                raise typer.BadParameter("--config and --backend go together")
+            settings = load_config(config)
+            entry = next((b for b in settings.backends if b.id == backend_id), None)
+            if entry is None:
+                raise typer.BadParameter(f"no backend {backend_id!r} in {config}", param_hint="--backend")
+        else:
+            settings, entry = standalone_settings(
+                model, hardware, catalog, url=f"http://{host}:{port}", served_model_name=served_model_name,
+                host_tier_gb=host_tier_gb, power_cap_w=power_cap_w, tensor_parallel=tensor_parallel,
+                host_link_gb_s=host_link_gb_s, overlap_host_load=overlap_host_load,
+                num_gpu_blocks_override=num_gpu_blocks_override)
+        app_ = build_backend_app(settings, entry, catalog, time_scale=time_scale, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens)
+    except ValueError as exc:  # ConfigError (unknown model/hardware, bad value) or an engine that cannot fit
+        raise typer.BadParameter(str(exc)) from exc
+    uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S,
+                log_level=log_level, access_log=log_level in ("debug", "trace", "info"))
+
+
+@app.command("mock-fleet")
+def mock_fleet_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")] = Path("config/fleet.local.yaml"),
+    time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second (0.01 = 100x faster)")] = 1.0,
+) -> None:
+    """Start a mock vLLM backend for every local backend in the config; Ctrl-C stops them all.
+
+    With a kv_pool section, one process serves every mock, all on one shared KV pool.
+    """
+    import signal
+    import sys
+    import time
+
+    from gateway.commands.fleet import mock_fleet
+
+    settings = load_config(config)
+    with mock_fleet(settings, time_scale=time_scale, quiet=False) as mocks:
+        for mock in mocks:
+            if settings.kv_pool is not None:
+                typer.echo(f"one process (pid {mock.proc.pid}) serving {len(mock.backends)} mocks that share a "
+                           f"{settings.kv_pool.capacity_gb:g} GB KV pool:")
+            for backend in mock.backends:
+                typer.echo(f"{backend.id}: {backend.hardware} x{backend.tensor_parallel} at {backend.url} "
+                           f"(pid {mock.proc.pid})")
+        typer.echo("mock fleet up; Ctrl-C to stop")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's `&` job starts with SIGINT ignored
+        try:
+            while all(m.proc.poll() is None for m in mocks):
+                time.sleep(0.5)  # supervising: wake to notice a child that died
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command("mock-fleet-worker", hidden=True)
+def mock_fleet_worker(
+    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
+    backend_ids: Annotated[list[str], typer.Option("--backend", help="a backend id of CONFIG to serve (repeatable)")],
+    time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second")] = 1.0,
+) -> None:
+    """Serve the given backends of CONFIG in this one process (on one shared KV pool if it has one)."""
+    from gateway.commands.fleet_worker import run_fleet
+
+    settings = load_config(config, overrides=False)  # as mock-fleet resolved it: no overrides again
+    by_id = {b.id: b for b in settings.backends}
+    unknown = [b for b in backend_ids if b not in by_id]
+    if unknown:
+        typer.echo(f"error: {config}: no backend {unknown[0]!r}", err=True)
+        raise typer.Exit(2)
+    try:
+        status = run_fleet(settings, default_catalog(), [by_id[b] for b in backend_ids], time_scale=time_scale)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {config}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(status)
