@@ -8,7 +8,7 @@ simulator (`sim.simulator`), so both route by the same code:
    pool's, if any;
 2. one index call for every target and the pool (`PrefixIndex.match`);
 3. the in-flight overlay (`prefix_index.PendingChains`: chains of requests routed and not yet
-   ended count as held in HBM where they went) and the pool overlay (`with_pool`);
+   ended count as held in HBM where they went) and the pool overlay (`with_kv_pool`);
 4. `router.types.RequestFeatures` and one `BackendView` per target, then `router.decide`;
 5. bookkeeping: `charge` opens a `Ticket` on the chosen target's ledger and marks its chain
    in flight; `record` tells the index the backend (and the pool) now caches the chain;
@@ -33,14 +33,14 @@ from dispatch.ledger import Ticket
 from dispatch.target import Target
 from prefix_index import (
     NO_MATCH,
-    POOL_ID,
+    KV_POOL_ID,
     BlockMatch,
     PendingChains,
     PrefixIndex,
     PrefixIndexError,
     TierCapacity,
-    pool_capacity,
-    with_pool,
+    kv_pool_capacity,
+    with_kv_pool,
 )
 from router import kappa
 from router.calibration import BytesPerToken
@@ -154,7 +154,7 @@ class Dispatcher:
         ``target`` is any backend serving it (for B_kv)."""
         if self.kv_pool_bytes is None:
             return None
-        return pool_capacity(self.kv_pool_bytes, self.tokens_per_block(model) * kappa.b_kv_bytes(target.spec.model))
+        return kv_pool_capacity(self.kv_pool_bytes, self.tokens_per_block(model) * kappa.b_kv_bytes(target.spec.model))
 
     # -- deciding ------------------------------------------------------------------------
     async def plan(self, request: RoutableRequest, targets: Sequence[Target], *, dry_run: bool = False) -> Plan:
@@ -169,12 +169,12 @@ class Dispatcher:
         """
         model = request.model
         capacities = {t.id: self.capacity(t, model) for t in targets}
-        pool = self.kv_pool_capacity(targets[0], model) if targets else None
-        lookup = capacities if pool is None else {**capacities, POOL_ID: pool}
+        kv_pool = self.kv_pool_capacity(targets[0], model) if targets else None
+        lookup = capacities if kv_pool is None else {**capacities, KV_POOL_ID: kv_pool}
         matches, index_ok = await self._match(request, lookup)
         matches = self.pending.overlay(model, request.hashes, matches, lookup)
-        if pool is not None:
-            matches = with_pool(matches, capacities)
+        if kv_pool is not None:
+            matches = with_kv_pool(matches, capacities)
         tokens_per_block = self.tokens_per_block(model)
         features = RequestFeatures(
             model=model,
@@ -232,13 +232,13 @@ class Dispatcher:
             return
         hooks = self.hooks
         start = self.clock() if hooks is not None else 0.0
-        pool = self.kv_pool_capacity(target, model)
+        kv_pool = self.kv_pool_capacity(target, model)
         try:
-            if pool is None:
+            if kv_pool is None:
                 await self.index.record(model, target.id, hashes, self.capacity(target, model))
             else:
                 await self.gather(self.index.record(model, target.id, hashes, self.capacity(target, model)),
-                                  self.index.record(model, POOL_ID, hashes, pool))
+                                  self.index.record(model, KV_POOL_ID, hashes, kv_pool))
         except PrefixIndexError as exc:
             if hooks is None:
                 raise
@@ -274,7 +274,7 @@ def _view(target: Target, match: BlockMatch, capacity: TierCapacity) -> BackendV
     return BackendView(
         backend_id=target.id, spec=target.spec,
         matched_blocks=match.matched_blocks, hbm_blocks=match.hbm_blocks, host_blocks=match.host_blocks,
-        pool_blocks=match.pool_blocks, in_flight_blocks=match.in_flight_blocks,
+        kv_pool_blocks=match.kv_pool_blocks, in_flight_blocks=match.in_flight_blocks,
         cached_blocks=min(ledger.recorded_blocks, capacity.total_blocks),
         in_flight=ledger.in_flight, kv_demand_bytes=ledger.kv_demand_bytes,
         outstanding_prefill_s=ledger.outstanding_prefill_s, kv_capacity_bytes=target.kv_capacity_bytes,

@@ -10,7 +10,7 @@ One file per deployment (``config/fleet.local.yaml`` is the example)::
     models:   {served name: {profile: catalog name}}          (optional; default: catalog names)
     kv_pool:  {capacity_gb, link_gb_s_per_gpu}                (optional: a KV store the fleet shares)
     backends: [{id, url, model, hardware, power_cap_w, tensor_parallel, host_tier_gb,
-                host_link_gb_s, pool_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels}]
+                host_link_gb_s, kv_pool_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels}]
 
 Parsing is strict: an unknown key or a bad value fails at start-up with its path
 (``backends[2].hardware: unknown hardware 'h300'``), never a silent default (STYLE.md B7).
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fleet_config.errors import ConfigError
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
-from router.cost import BackendSpec, pool_link_gb_s
+from router.cost import BackendSpec, kv_pool_link_gb_s
 from router.policies import POLICY_NAMES, PolicyConfigError, build_policy
 from router.profiles import Catalog, ModelProfile
 
@@ -104,7 +104,7 @@ class KvPoolSection(_Strict):
     Attributes:
         capacity_gb: pool size, GB (10^9 bytes), > 0; least recently used blocks go first.
         link_gb_s_per_gpu: sustained pool → HBM bandwidth per GPU, GB/s; a backend's pool
-            link is min(this, its host link per GPU) × TP unless it sets ``pool_link_gb_s``.
+            link is min(this, its host link per GPU) × TP unless it sets ``kv_pool_link_gb_s``.
     """
 
     capacity_gb: float = Field(gt=0)
@@ -127,7 +127,7 @@ class BackendEntry(_Strict):
     host_tier_gb: float = Field(default=0.0, ge=0)
     host_link_gb_s: float | None = Field(default=None, gt=0)
     # Sustained pool -> HBM bandwidth of the whole TP group, GB/s; only with a kv_pool section.
-    pool_link_gb_s: float | None = Field(default=None, gt=0)
+    kv_pool_link_gb_s: float | None = Field(default=None, gt=0)
     overlap_host_load: bool = True
     # vLLM --num-gpu-blocks-override (16-token blocks): a KV cache smaller than HBM allows.
     num_gpu_blocks_override: int | None = Field(default=None, ge=1)
@@ -159,10 +159,10 @@ class Settings(_Strict):
     backends: list[BackendEntry] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _pool_link_needs_pool(self) -> Settings:
+    def _kv_pool_link_needs_kv_pool(self) -> Settings:
         for i, b in enumerate(self.backends):
-            if b.pool_link_gb_s is not None and self.kv_pool is None:
-                raise ValueError(f"backends[{i}].pool_link_gb_s is set but there is no kv_pool section")
+            if b.kv_pool_link_gb_s is not None and self.kv_pool is None:
+                raise ValueError(f"backends[{i}].kv_pool_link_gb_s is set but there is no kv_pool section")
         return self
 
     def model_profile(self, catalog: Catalog, served_name: str) -> ModelProfile:
@@ -175,7 +175,7 @@ class Settings(_Strict):
         hardware = catalog.hw(backend.hardware)
         pool_link = None
         if self.kv_pool is not None:
-            pool_link = backend.pool_link_gb_s or pool_link_gb_s(
+            pool_link = backend.kv_pool_link_gb_s or kv_pool_link_gb_s(
                 hardware, backend.tensor_parallel, link_gb_s_per_gpu=self.kv_pool.link_gb_s_per_gpu,
                 host_link_gb_s=backend.host_link_gb_s)
         return BackendSpec(
@@ -185,7 +185,7 @@ class Settings(_Strict):
             tensor_parallel=backend.tensor_parallel,
             host_link_gb_s=backend.host_link_gb_s,
             overlap_host_load=backend.overlap_host_load,
-            pool_link_gb_s=pool_link,
+            kv_pool_link_gb_s=pool_link,
         )
 
     def served_models(self) -> list[str]:

@@ -47,7 +47,7 @@ class BackendState(Target):
     kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from clean TTFT samples
 
     def __post_init__(self) -> None:
-        self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit)
+        self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit_linear)
 
     @classmethod
     def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:
@@ -79,7 +79,7 @@ class BackendSet:
         self._scrape_interval_s = scrape_interval_s
         self._tasks: list[asyncio.Task[None]] = []
         for s in states:
-            telemetry.init_backend(s.id, s.spec.kappa_crit, in_flight=lambda s=s: s.ledger.in_flight,
+            telemetry.init_backend(s.id, s.spec.kappa_crit_linear, in_flight=lambda s=s: s.ledger.in_flight,
                                    kv_demand_bytes=lambda s=s: s.ledger.kv_demand_bytes)
 
     def eligible(self, model: str) -> list[BackendState]:

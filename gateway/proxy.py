@@ -49,7 +49,7 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
 
 def kappa_headers(candidate: Candidate, request_id: str) -> dict[str, str]:
     est = candidate.estimate
-    crit = "inf" if math.isinf(est.kappa_crit) else f"{est.kappa_crit:.4g}"
+    crit = "inf" if math.isinf(est.kappa_crossover) else f"{est.kappa_crossover:.4g}"
     return {"x-kappa-backend": candidate.backend_id, "x-kappa-ratio": f"{est.kappa_ratio:.4g}",
             "x-kappa-crit": crit, "x-kappa-regime": est.regime.value, "x-request-id": request_id}
 
@@ -198,8 +198,8 @@ class _Relay:
         if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
             series.ttft.observe(obs.ttft_s)
             fit = self.plan.targets[backend].kappa_fit
-            if not c.cached_pool_tokens:  # the fit is of the host link; pool loads run at another rate
-                fit.observe(new_tokens=c.new_tokens, cached_host_tokens=c.cached_host_tokens, ttft_s=obs.ttft_s,
+            if not c.cached_kv_pool_tokens:  # the fit is of the host link; pool loads run at another rate
+                fit.observe(uncached_prompt_tokens=c.uncached_prompt_tokens, cached_host_tokens=c.cached_host_tokens, ttft_s=obs.ttft_s,
                             backend_idle=self.backend_idle)
             measured = fit.kappa_crit()
             if measured is not None:
@@ -210,9 +210,9 @@ class _Relay:
         series.kappa_ratio.observe(est.kappa_ratio)
         series.cached_hbm_tokens.inc(c.cached_hbm_tokens)
         series.cached_host_tokens.inc(c.cached_host_tokens)
-        if c.cached_pool_tokens:
-            series.cached_pool_tokens.inc(c.cached_pool_tokens)
-        series.new_tokens.inc(c.new_tokens)
+        if c.cached_kv_pool_tokens:
+            series.cached_kv_pool_tokens.inc(c.cached_kv_pool_tokens)
+        series.uncached_prompt_tokens.inc(c.uncached_prompt_tokens)
         if obs.usage:
             gw.routing.observe_usage(self.plan, c, obs.usage)
 

@@ -11,7 +11,7 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 | ``gateway_routing_decision_seconds`` | histogram | policy |
 | ``gateway_kappa_ratio`` | histogram (log buckets 0.01…1e5) | backend |
 | ``gateway_kappa_crit`` | gauge | backend, kind=predicted\\|measured |
-| ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_pool\\|new (index estimate) |
+| ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_kv_pool\\|uncached (index estimate) |
 | ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
 | ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend |
 | ``gateway_in_flight_requests``, ``gateway_kv_demand_bytes`` | gauge | backend |
@@ -121,8 +121,8 @@ class Telemetry:
 class BackendSeries:
     """One backend's labelled children of the per-request metrics."""
 
-    __slots__ = ("ttft", "itl", "e2e", "kappa_ratio", "cached_hbm_tokens", "cached_host_tokens", "cached_pool_tokens",
-                 "new_tokens", "cached_estimated", "cached_reported")
+    __slots__ = ("ttft", "itl", "e2e", "kappa_ratio", "cached_hbm_tokens", "cached_host_tokens", "cached_kv_pool_tokens",
+                 "uncached_prompt_tokens", "cached_estimated", "cached_reported")
 
     def __init__(self, telemetry: Telemetry, backend_id: str) -> None:
         self.ttft = telemetry.ttft.labels(backend_id)
@@ -131,7 +131,7 @@ class BackendSeries:
         self.kappa_ratio = telemetry.kappa_ratio.labels(backend_id)
         self.cached_hbm_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_hbm")
         self.cached_host_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_host")
-        self.cached_pool_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_pool")
-        self.new_tokens = telemetry.prompt_tokens.labels(backend_id, "new")
+        self.cached_kv_pool_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_kv_pool")
+        self.uncached_prompt_tokens = telemetry.prompt_tokens.labels(backend_id, "uncached")
         self.cached_estimated = telemetry.cached_estimated.labels(backend_id)
         self.cached_reported = telemetry.cached_reported.labels(backend_id)

@@ -37,7 +37,7 @@ def engine_config(backend: BackendEntry, *, max_num_seqs: int | None = None,
 
 
 def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalog, *, time_scale: float = 1.0,
-                      pool: SharedKVPool | None = None, registry: CollectorRegistry | None = None,
+                      kv_pool: SharedKVPool | None = None, registry: CollectorRegistry | None = None,
                       max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> FastAPI:
     """A mock vLLM app impersonating ``backend`` of ``settings``.
 
@@ -46,7 +46,7 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
         backend: one of ``settings.backends``; it serves ``backend.model`` under that name.
         catalog: the profiles the config names.
         time_scale: wall seconds per engine second, > 0 (0.01 = 100× faster than real time).
-        pool: the fleet-shared KV pool this mock writes its prefilled blocks to and loads
+        kv_pool: the fleet-shared KV pool this mock writes its prefilled blocks to and loads
             prefix misses from (`shared_kv_pool`); share one object between the apps of one
             process. Needs a ``kv_pool`` section (the pool link comes from it).
         registry: metrics registry; a fresh one when ``None``.
@@ -58,7 +58,7 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
     """
     spec = settings.backend_spec(catalog, backend)
     config = engine_config(backend, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-    return create_app(MockEngine(spec, config, pool), served_model_name=backend.model, time_scale=time_scale,
+    return create_app(MockEngine(spec, config, kv_pool), served_model_name=backend.model, time_scale=time_scale,
                       registry=registry)
 
 

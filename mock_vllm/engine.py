@@ -17,7 +17,7 @@ What it models (DESIGN.md §5):
   prediction uses too, on `router.cost.BackendSpec` figures):
   compute = FLOPs / C_eff (FLOPs from `router.kappa.prefill_flops`), HBM = (weights read +
   KV read) / HBM bandwidth, load = host-tier KV bytes / sustained link bandwidth + pool
-  KV bytes / pool link bandwidth (`BackendSpec.pool_link_bytes_per_s`);
+  KV bytes / pool link bandwidth (`BackendSpec.kv_pool_link_bytes_per_s`);
   duration = max(compute, HBM, load) when loads overlap compute, else max(compute, HBM) + load.
   Weights read per step: `router.cost.weights_read_bytes` (all of a dense model; the
   experts a batch touches of an MoE).
@@ -69,7 +69,7 @@ class _Request:
     generated: int = 0
     cached_tokens: int = 0  # prefix hit at the latest admission
     cached_host_tokens: int = 0
-    cached_pool_tokens: int = 0
+    cached_kv_pool_tokens: int = 0
     admitted: bool = False  # scheduled at least once (a preempted request is re-admitted)
     held_hashes: list[int] = field(default_factory=list)  # cached blocks referenced, in order
     anonymous_blocks: int = 0
@@ -89,17 +89,17 @@ class MockEngine:
     Args:
         backend: model, hardware and deployment figures (`router.cost.BackendSpec`).
         config: vLLM engine settings (`EngineConfig`).
-        pool: the fleet-shared KV pool this engine writes through to and loads from
-            (``None``: none); the backend's ``pool_link_gb_s`` must then be set.
+        kv_pool: the fleet-shared KV pool this engine writes through to and loads from
+            (``None``: none); the backend's ``kv_pool_link_gb_s`` must then be set.
 
     Raises:
         ValueError: the weights leave no HBM for even one KV block, or a pool without a pool link.
     """
 
     def __init__(self, backend: BackendSpec, config: EngineConfig | None = None,
-                 pool: SharedKVPool | None = None) -> None:
-        if pool is not None and not backend.pool_link_bytes_per_s:
-            raise ValueError("an engine on a shared KV pool needs the backend's pool_link_gb_s")
+                 kv_pool: SharedKVPool | None = None) -> None:
+        if kv_pool is not None and not backend.kv_pool_link_bytes_per_s:
+            raise ValueError("an engine on a shared KV pool needs the backend's kv_pool_link_gb_s")
         self.backend = backend
         self.config = config = config or EngineConfig()
         model = backend.model
@@ -110,7 +110,7 @@ class MockEngine:
                                          num_gpu_blocks_override=config.num_gpu_blocks_override)
         if num_gpu_blocks < 1:
             raise ValueError(f"{model.name} weights leave no KV memory on {backend.hardware.name}")
-        self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes), pool,
+        self.cache = PagedKVCache(num_gpu_blocks, int(config.host_tier_bytes // self.block_bytes), kv_pool,
                                   xxhash.xxh3_64_intdigest(model.name.encode()))
         self.max_model_len_tokens = min(config.max_model_len_tokens or model.max_model_len_tokens,
                                         num_gpu_blocks * self.block_size)
@@ -204,7 +204,7 @@ class MockEngine:
             raise RuntimeError("step() with no unfinished requests")
         budget = self.config.max_num_batched_tokens
         work: list[tuple[_Request, int]] = []  # (request, tokens scheduled this step)
-        host_bytes = pool_bytes = 0.0
+        host_bytes = kv_pool_bytes = 0.0
         for req in list(self._running):
             if req not in self._running:
                 continue  # preempted earlier in this loop
@@ -223,10 +223,10 @@ class MockEngine:
             work.append((req, tokens))
             budget -= tokens
             host_bytes += host_loaded
-            pool_bytes += pool_loaded
+            kv_pool_bytes += pool_loaded
         if not work:
             raise RuntimeError("no request could be scheduled (KV cache too small for the head of the queue)")
-        return self._run(now_s, work, host_bytes, pool_bytes)
+        return self._run(now_s, work, host_bytes, kv_pool_bytes)
 
     def _admit(self, req: _Request, budget: int) -> tuple[_Request, int, float, float] | None:
         """Find the prefix hit, reference it, allocate the first chunk; None if KV is short.
@@ -235,8 +235,8 @@ class MockEngine:
         tier and from the pool.
         """
         max_hit_blocks = (req.prefill_target - 1) // self.block_size
-        hbm_blocks, host_blocks, pool_blocks = self.cache.match(req.hashes, max_hit_blocks)
-        hit = req.hashes[: hbm_blocks + host_blocks + pool_blocks]
+        hbm_blocks, host_blocks, kv_pool_blocks = self.cache.match(req.hashes, max_hit_blocks)
+        hit = req.hashes[: hbm_blocks + host_blocks + kv_pool_blocks]
         computed = len(hit) * self.block_size
         tokens = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + tokens) / self.block_size) - len(hit)
@@ -253,18 +253,18 @@ class MockEngine:
             req.admitted = True
             req.cached_tokens = req.computed
             req.cached_host_tokens = host_blocks * self.block_size
-            req.cached_pool_tokens = pool_blocks * self.block_size
+            req.cached_kv_pool_tokens = kv_pool_blocks * self.block_size
         s = self.stats
-        loaded_tokens = (host_blocks + pool_blocks) * self.block_size
+        loaded_tokens = (host_blocks + kv_pool_blocks) * self.block_size
         s.prefix_cache_queries_tokens += req.prefill_target
         s.prefix_cache_hits_tokens += req.computed
-        if self.cache.num_host_blocks or self.cache.pool is not None:
+        if self.cache.num_host_blocks or self.cache.kv_pool is not None:
             s.external_prefix_cache_queries_tokens += req.prompt_len - hbm_blocks * self.block_size
             s.external_prefix_cache_hits_tokens += loaded_tokens
         s.prompt_tokens_by_source["local_compute"] += req.prefill_target - req.computed
         s.prompt_tokens_by_source["local_cache_hit"] += hbm_blocks * self.block_size
         s.prompt_tokens_by_source["external_kv_transfer"] += loaded_tokens
-        return req, tokens, host_blocks * self.block_bytes, pool_blocks * self.block_bytes
+        return req, tokens, host_blocks * self.block_bytes, kv_pool_blocks * self.block_bytes
 
     def _grow(self, req: _Request, tokens: int, scheduled: list[tuple[_Request, int]]) -> bool:
         """Allocate blocks for ``tokens`` more tokens, preempting the newest running requests if needed."""
@@ -296,7 +296,7 @@ class MockEngine:
         self.cache.release(req.held_hashes, req.anonymous_blocks)
         req.held_hashes, req.anonymous_blocks = [], 0
 
-    def _run(self, now_s: float, work: list[tuple[_Request, int]], host_bytes: float, pool_bytes: float) -> StepResult:
+    def _run(self, now_s: float, work: list[tuple[_Request, int]], host_bytes: float, kv_pool_bytes: float) -> StepResult:
         model, backend = self.backend.model, self.backend
         flops = kv_read = 0.0
         prefill_tokens = decode_tokens = 0
@@ -310,15 +310,15 @@ class MockEngine:
                 decode_tokens += tokens
         weights_read = weights_read_bytes(model, prefill_tokens + decode_tokens)
         step = roofline(backend, flops=flops, hbm_bytes=weights_read + kv_read, host_load_bytes=host_bytes,
-                        pool_load_bytes=pool_bytes)
+                        kv_pool_load_bytes=kv_pool_bytes)
         duration, utilisation = step.duration_s, step.utilisation
         self._dynamic_energy_j += (backend.power_w(utilisation) - backend.idle_power_w) * duration
         outputs = tuple(out for req, tokens in work if (out := self._advance(req, tokens)) is not None)
         self.stats.host_kv_loaded_bytes_total += host_bytes
-        self.stats.pool_kv_loaded_bytes_total += pool_bytes
+        self.stats.kv_pool_loaded_bytes_total += kv_pool_bytes
         self._refresh_gauges()
         result = StepResult(now_s, duration, outputs, step.compute_s, step.hbm_s, step.load_s, host_bytes,
-                            prefill_tokens, decode_tokens, utilisation, pool_bytes)
+                            prefill_tokens, decode_tokens, utilisation, kv_pool_bytes)
         self._last_step = result
         return result
 
@@ -343,7 +343,7 @@ class MockEngine:
             self.stats.request_success_total["length"] += 1
         return RequestOutput(req.request_id, (token_id,), req.prompt_len, req.cached_tokens,
                              req.cached_host_tokens, req.generated, finished, "length" if finished else None,
-                             req.cached_pool_tokens)
+                             req.cached_kv_pool_tokens)
 
     def _seal_full_blocks(self, req: _Request, computed_before: int) -> None:
         """Name the prompt blocks this chunk completed by their hashes (they become cacheable)."""

@@ -113,19 +113,19 @@ class PagedKVCache:
     Args:
         num_gpu_blocks: HBM blocks for KV (vLLM's ``num_gpu_blocks``), ≥ 1.
         num_host_blocks: host-tier blocks (0 = no offloading), ≥ 0.
-        pool: a fleet-shared KV pool this cache writes its prefilled blocks to and loads
+        kv_pool: a fleet-shared KV pool this cache writes its prefilled blocks to and loads
             misses from (``None``: none).
         pool_namespace: mixed into every hash this cache stores in or looks up from the pool
             (the engine passes a hash of its model's name).
     """
 
-    def __init__(self, num_gpu_blocks: int, num_host_blocks: int = 0, pool: SharedKVPool | None = None,
+    def __init__(self, num_gpu_blocks: int, num_host_blocks: int = 0, kv_pool: SharedKVPool | None = None,
                  pool_namespace: int = 0) -> None:
         if num_gpu_blocks < 1 or num_host_blocks < 0:
             raise ValueError("num_gpu_blocks must be >= 1 and num_host_blocks >= 0")
         self.num_gpu_blocks = num_gpu_blocks
         self.num_host_blocks = num_host_blocks
-        self.pool = pool
+        self.kv_pool = kv_pool
         self._ns = pool_namespace
         self._refs: dict[int, int] = {}  # cached (hashed) HBM blocks -> reference count
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with refs 0, LRU first
@@ -149,18 +149,18 @@ class PagedKVCache:
         The prefix is contiguous; each block is counted in HBM if resident there, else in
         the host tier, else in the shared pool. Nothing is touched or referenced.
         """
-        hbm = host = pool = 0
-        refs, local_host, shared, ns = self._refs, self._host, self.pool, self._ns
+        hbm = host = kv_pool = 0
+        refs, local_host, shared, ns = self._refs, self._host, self.kv_pool, self._ns
         for h in hashes[:max_blocks]:
             if h in refs:
                 hbm += 1
             elif h in local_host:
                 host += 1
             elif shared is not None and h ^ ns in shared:
-                pool += 1
+                kv_pool += 1
             else:
                 break
-        return hbm, host, pool
+        return hbm, host, kv_pool
 
     def blocks_needed_to_admit(self, hashes: Sequence[int]) -> int:
         """Free blocks that referencing ``hashes`` (a prefix found by `match`) would use up.
@@ -193,7 +193,7 @@ class PagedKVCache:
             if h in self._host:
                 self._host.move_to_end(h)
             else:
-                self.pool.load(h ^ self._ns)  # type: ignore[union-attr]  # `match` found it there
+                self.kv_pool.load(h ^ self._ns)  # type: ignore[union-attr]  # `match` found it there
         for h in to_load:
             self._evict_one_if_needed()
             self._refs[h] = 1
@@ -214,8 +214,8 @@ class PagedKVCache:
         block is then released and the cached one referenced instead (vLLM deduplicates).
         """
         self._anonymous -= 1
-        if self.pool is not None:
-            self.pool.store(block_hash ^ self._ns)  # write-through on prefill (LMCache's store, Mooncake's put)
+        if self.kv_pool is not None:
+            self.kv_pool.store(block_hash ^ self._ns)  # write-through on prefill (LMCache's store, Mooncake's put)
         if block_hash in self._refs:
             self._touch_ref(block_hash)
             return False
@@ -232,14 +232,14 @@ class PagedKVCache:
         """
         self._anonymous -= anonymous
         # vLLM frees in reverse so a request's deeper blocks are evicted before its prefix.
-        pool, ns = self.pool, self._ns
+        kv_pool, ns = self.kv_pool, self._ns
         for h in reversed(cached_hashes):
             refs = self._refs[h] - 1
             self._refs[h] = refs
             if refs == 0:
                 self._evictable[h] = None
-            if pool is not None and h ^ ns in pool:
-                pool.touch(h ^ ns)
+            if kv_pool is not None and h ^ ns in kv_pool:
+                kv_pool.touch(h ^ ns)
 
     def reset(self) -> None:
         """Forget every cached block (``POST /reset_prefix_cache``); only valid when none is referenced.

@@ -159,8 +159,8 @@ class _EngineCollector(Collector):
                             self._energy_j)
         yield self._counter("mock_vllm:host_kv_loaded_bytes", "KV bytes loaded from the host tier.",
                             stats.host_kv_loaded_bytes_total)
-        yield self._counter("mock_vllm:pool_kv_loaded_bytes", "KV bytes loaded from the fleet-shared KV pool.",
-                            stats.pool_kv_loaded_bytes_total)
+        yield self._counter("mock_vllm:kv_pool_loaded_bytes", "KV bytes loaded from the fleet-shared KV pool.",
+                            stats.kv_pool_loaded_bytes_total)
 
 
 class MockVllmMetrics:

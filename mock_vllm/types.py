@@ -55,7 +55,7 @@ class RequestOutput:
 
     ``cached_tokens`` is the prefix hit found when the request was scheduled (HBM plus
     host tier and shared pool, capped at prompt − 1 as vLLM does); ``cached_host_tokens``
-    the part of it loaded from the host tier, ``cached_pool_tokens`` the part loaded from
+    the part of it loaded from the host tier, ``cached_kv_pool_tokens`` the part loaded from
     the fleet-shared KV pool.
     """
 
@@ -67,7 +67,7 @@ class RequestOutput:
     completion_tokens: int
     finished: bool
     finish_reason: str | None = None  # "length" (EOS is ignored) or "abort"
-    cached_pool_tokens: int = 0
+    cached_kv_pool_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ class StepResult:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     utilisation: float = 0.0
-    pool_load_bytes: float = 0.0
+    kv_pool_load_bytes: float = 0.0
 
     @property
     def end_s(self) -> float:
@@ -121,5 +121,5 @@ class EngineStats:
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
     host_kv_loaded_bytes_total: float = 0.0
-    pool_kv_loaded_bytes_total: float = 0.0
+    kv_pool_loaded_bytes_total: float = 0.0
     request_success_total: dict[str, int] = field(default_factory=lambda: {"length": 0, "abort": 0})

@@ -7,7 +7,7 @@ Public surface (DESIGN.md §4)::
     base        PrefixIndex protocol, TierCapacity, BlockMatch, IndexStats
     memory_index / redis_index   the two implementations (same contract tests)
     pending     chains routed but not yet prefilled, overlaid on the index's matches
-    pool        a fleet-shared KV pool's chains (pseudo-backend POOL_ID), overlaid likewise
+    pool        a fleet-shared KV pool's chains (pseudo-backend KV_POOL_ID), overlaid likewise
     errors      PrefixIndexError tree
 
 Typical request path::
@@ -35,7 +35,7 @@ from prefix_index.hashing import (
 )
 from prefix_index.memory_index import MemoryPrefixIndex
 from prefix_index.pending import PendingChains
-from prefix_index.pool import POOL_ID, pool_capacity, with_pool
+from prefix_index.kv_pool import KV_POOL_ID, kv_pool_capacity, with_kv_pool
 from prefix_index.redis_index import RedisPrefixIndex
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
     "IndexUnavailable",
     "MemoryPrefixIndex",
     "NO_MATCH",
-    "POOL_ID",
+    "KV_POOL_ID",
     "PendingChains",
     "PrefixIndex",
     "PrefixIndexError",
@@ -60,6 +60,6 @@ __all__ = [
     "chat_canonical_bytes",
     "completion_canonical_bytes",
     "completion_prompts",
-    "pool_capacity",
-    "with_pool",
+    "kv_pool_capacity",
+    "with_kv_pool",
 ]

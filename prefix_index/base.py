@@ -77,8 +77,8 @@ class BlockMatch:
         matched_blocks: length of the longest cached prefix, in blocks from block 0.
         hbm_blocks: how many of those are in HBM (recency rank < HBM capacity).
         host_blocks: how many are in the host tier.
-        pool_blocks: how many, past the backend's own, only a fleet-shared KV pool holds
-            (`prefix_index.pool`); ``hbm_blocks + host_blocks + pool_blocks == matched_blocks``.
+        kv_pool_blocks: how many, past the backend's own, only a fleet-shared KV pool holds
+            (`prefix_index.kv_pool`); ``hbm_blocks + host_blocks + kv_pool_blocks == matched_blocks``.
         in_flight_blocks: how many of the leading blocks requests in flight on that backend
             hold (`prefix_index.pending`), ≤ ``hbm_blocks``: KV already charged to them.
     """
@@ -86,7 +86,7 @@ class BlockMatch:
     matched_blocks: int
     hbm_blocks: int
     host_blocks: int
-    pool_blocks: int = 0
+    kv_pool_blocks: int = 0
     in_flight_blocks: int = 0
 
 

@@ -80,29 +80,29 @@ class KappaCritFit:
     """
 
     predicted_kappa_crit: float
-    _per_new_token_s: list[float] = field(default_factory=list)
+    _per_uncached_token_s: list[float] = field(default_factory=list)
     _per_loaded_token_s: list[float] = field(default_factory=list)
 
-    def observe(self, *, new_tokens: int, cached_host_tokens: int, ttft_s: float, backend_idle: bool) -> None:
+    def observe(self, *, uncached_prompt_tokens: int, cached_host_tokens: int, ttft_s: float, backend_idle: bool) -> None:
         """Fold in one request's measured TTFT (seconds) if it is a clean sample."""
         if not backend_idle or ttft_s <= 0:
             return
-        if cached_host_tokens == 0 and new_tokens >= MIN_COMPUTE_SAMPLE_TOKENS:
-            _push(self._per_new_token_s, ttft_s / new_tokens)
+        if cached_host_tokens == 0 and uncached_prompt_tokens >= MIN_COMPUTE_SAMPLE_TOKENS:
+            _push(self._per_uncached_token_s, ttft_s / uncached_prompt_tokens)
         elif cached_host_tokens > 0 and cached_host_tokens >= TRANSFER_SAMPLE_MARGIN * self.predicted_kappa_crit * max(
-                new_tokens, 1):
+                uncached_prompt_tokens, 1):
             _push(self._per_loaded_token_s, ttft_s / cached_host_tokens)
 
     @property
     def samples(self) -> tuple[int, int]:
         """(compute-bound samples, transfer-bound samples) held."""
-        return len(self._per_new_token_s), len(self._per_loaded_token_s)
+        return len(self._per_uncached_token_s), len(self._per_loaded_token_s)
 
     def kappa_crit(self) -> float | None:
         """Measured κ_crit, or None until both kinds of sample are plentiful enough."""
         if min(self.samples) < KAPPA_FIT_MIN_SAMPLES:
             return None
-        return _median(self._per_new_token_s) / _median(self._per_loaded_token_s)
+        return _median(self._per_uncached_token_s) / _median(self._per_loaded_token_s)
 
 
 def _push(window: list[float], value: float) -> None:

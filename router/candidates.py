@@ -38,13 +38,13 @@ def build_candidates(features: RequestFeatures, views: Sequence[BackendView]) ->
     for view in views:
         hbm = min(int(view.hbm_blocks * features.block_size_tokens), prompt - 1)
         host = min(int(view.host_blocks * features.block_size_tokens), prompt - 1 - hbm)
-        pool = min(int(view.pool_blocks * features.block_size_tokens), prompt - 1 - hbm - host)
-        new = prompt - hbm - host - pool
+        kv_pool = min(int(view.kv_pool_blocks * features.block_size_tokens), prompt - 1 - hbm - host)
+        uncached = prompt - hbm - host - kv_pool
         held = min(int(view.in_flight_blocks * features.block_size_tokens), hbm)
         estimate = predict(
-            RequestShape(hbm, host, new, max(features.max_tokens, 1), pool, held), view.spec,
+            RequestShape(hbm, host, uncached, max(features.max_tokens, 1), kv_pool, held), view.spec,
             queue_wait_s=view.outstanding_prefill_s,
         )
         admitted = estimate.kv_demand_bytes <= view.free_kv_bytes
-        out.append(Candidate(view.backend_id, hbm, host, new, estimate, admitted, pool))
+        out.append(Candidate(view.backend_id, hbm, host, uncached, estimate, admitted, kv_pool))
     return out

@@ -42,7 +42,7 @@ def weights_read_bytes(model: ModelProfile, batch_tokens: float) -> float:
     return kappa.model_constants(model).weights_read_bytes(batch_tokens)
 
 
-def pool_link_gb_s(hardware: HardwareProfile, tensor_parallel: int, *, link_gb_s_per_gpu: float,
+def kv_pool_link_gb_s(hardware: HardwareProfile, tensor_parallel: int, *, link_gb_s_per_gpu: float,
                    host_link_gb_s: float | None = None) -> float:
     """Sustained bandwidth from a fleet-shared KV pool into a backend's HBM, GB/s for its TP group.
 
@@ -66,12 +66,12 @@ class BackendSpec:
         tensor_parallel: GPUs in the TP group (compute, HBM bytes and bandwidth scale by it).
         host_link_gb_s: measured sustained host→HBM bandwidth in GB/s, overriding the profile's.
         overlap_host_load: loads overlap compute (max) or precede it (sum).
-        pool_link_gb_s: sustained bandwidth from the fleet-shared KV pool into this backend's
-            HBM, GB/s for the whole TP group (``None``: no pool); `pool_link_gb_s` derives it.
+        kv_pool_link_gb_s: sustained bandwidth from the fleet-shared KV pool into this backend's
+            HBM, GB/s for the whole TP group (``None``: no pool); `kv_pool_link_gb_s` derives it.
 
-    The derived fields (``c_eff_flops_per_s``, ``link_bytes_per_s``, ``pool_link_bytes_per_s``
+    The derived fields (``c_eff_flops_per_s``, ``link_bytes_per_s``, ``kv_pool_link_bytes_per_s``
     (0 without a pool), ``kappa_hw``,
-    ``kappa_crit``, ``max_power_w``, ``idle_power_w``, ``hbm_bandwidth_bytes_per_s``) are
+    ``kappa_crit_linear``, ``max_power_w``, ``idle_power_w``, ``hbm_bandwidth_bytes_per_s``) are
     computed once at construction: the router reads them for every candidate.
     """
 
@@ -81,12 +81,14 @@ class BackendSpec:
     tensor_parallel: int = 1
     host_link_gb_s: float | None = None
     overlap_host_load: bool = True
-    pool_link_gb_s: float | None = None
+    kv_pool_link_gb_s: float | None = None
     c_eff_flops_per_s: float = field(init=False)
     link_bytes_per_s: float = field(init=False)
-    pool_link_bytes_per_s: float = field(init=False)
+    kv_pool_link_bytes_per_s: float = field(init=False)
     kappa_hw: float = field(init=False)
-    kappa_crit: float = field(init=False)
+    # κ_crit = κ_M · κ_HW with linear F_pf, at the host link: the paper's per-backend figure
+    # (REFERENCE.md §1). A request's own threshold is `CostEstimate.kappa_crossover`.
+    kappa_crit_linear: float = field(init=False)
     max_power_w: float = field(init=False)  # P_max = min(power cap, TDP) × TP, W
     idle_power_w: float = field(init=False)  # W
     hbm_bandwidth_bytes_per_s: float = field(init=False)  # × TP
@@ -94,8 +96,8 @@ class BackendSpec:
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:
             raise ValueError("tensor_parallel must be >= 1")
-        if self.pool_link_gb_s is not None and self.pool_link_gb_s <= 0:
-            raise ValueError("pool_link_gb_s must be > 0 (or None: no pool)")
+        if self.kv_pool_link_gb_s is not None and self.kv_pool_link_gb_s <= 0:
+            raise ValueError("kv_pool_link_gb_s must be > 0 (or None: no pool)")
         c_eff = kappa.c_eff_flops_per_s(self.hardware, power_cap_w=self.power_cap_w, tensor_parallel=self.tensor_parallel)
         link = (
             self.host_link_gb_s * GB
@@ -105,9 +107,9 @@ class BackendSpec:
         kappa_hw = kappa.kappa_hw(link, c_eff)
         object.__setattr__(self, "c_eff_flops_per_s", c_eff)
         object.__setattr__(self, "link_bytes_per_s", link)
-        object.__setattr__(self, "pool_link_bytes_per_s", (self.pool_link_gb_s or 0.0) * GB)
+        object.__setattr__(self, "kv_pool_link_bytes_per_s", (self.kv_pool_link_gb_s or 0.0) * GB)
         object.__setattr__(self, "kappa_hw", kappa_hw)
-        object.__setattr__(self, "kappa_crit", kappa.kappa_crit(self.model, kappa_hw))
+        object.__setattr__(self, "kappa_crit_linear", kappa.kappa_crit(self.model, kappa_hw))
         cap = self.hardware.tdp_w if self.power_cap_w is None else min(self.power_cap_w, self.hardware.tdp_w)
         object.__setattr__(self, "max_power_w", cap * self.tensor_parallel)
         object.__setattr__(self, "idle_power_w", self.hardware.idle_power_w * self.tensor_parallel)
@@ -126,9 +128,9 @@ class RequestShape:
     Args:
         cached_hbm_tokens: prefix tokens already resident in HBM there (read in place).
         cached_host_tokens: prefix tokens cached in the host tier there (must be loaded).
-        new_tokens: T, prompt tokens to prefill (≥ 0; vLLM always computes at least one).
+        uncached_prompt_tokens: T, prompt tokens to prefill (≥ 0; vLLM always computes at least one).
         output_tokens: tokens to generate (max_tokens).
-        cached_pool_tokens: prefix tokens found only in the fleet-shared KV pool (loaded
+        cached_kv_pool_tokens: prefix tokens found only in the fleet-shared KV pool (loaded
             from it; 0 without a pool).
         held_tokens: prefix tokens whose KV other requests in flight on the backend already
             hold (and were charged for): left out of ``kv_demand_bytes``, ≤ cached_hbm_tokens.
@@ -136,23 +138,29 @@ class RequestShape:
 
     cached_hbm_tokens: float
     cached_host_tokens: float
-    new_tokens: float
+    uncached_prompt_tokens: float
     output_tokens: float = 1
-    cached_pool_tokens: float = 0.0
+    cached_kv_pool_tokens: float = 0.0
     held_tokens: float = 0.0
 
     @property
     def cached_tokens(self) -> float:
-        return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_pool_tokens
+        return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_kv_pool_tokens
 
     @property
     def prompt_tokens(self) -> float:
-        return self.cached_tokens + self.new_tokens
+        return self.cached_tokens + self.uncached_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
 class CostEstimate:
-    """Predicted figures for one request on one backend (seconds, joules, bytes)."""
+    """Predicted figures for one request on one backend (seconds, joules, bytes).
+
+    ``kappa_crossover`` is this request's own transfer threshold: the attention-aware κ_crit(T)
+    at its T (uncached prompt tokens), over the link its loads cross (`predict`). It differs
+    from the backend's `BackendSpec.kappa_crit_linear` (linear F_pf, host link), and is
+    ``math.inf`` where no K makes the request transfer-bound.
+    """
 
     t_compute_s: float
     t_load_s: float
@@ -164,7 +172,7 @@ class CostEstimate:
     load_bytes: float
     kv_demand_bytes: float
     kappa_ratio: float
-    kappa_crit: float
+    kappa_crossover: float
     regime: Regime
 
 
@@ -189,20 +197,20 @@ class Roofline:
 
 
 def roofline(backend: BackendSpec, *, flops: float, hbm_bytes: float, host_load_bytes: float = 0.0,
-             pool_load_bytes: float = 0.0) -> Roofline:
+             kv_pool_load_bytes: float = 0.0) -> Roofline:
     """The roofline of one pass: the one definition the router's prediction and the mock
     engine's step time share (module docstring; DESIGN.md §3).
 
     Raises:
-        ValueError: ``pool_load_bytes`` on a backend without a pool link.
+        ValueError: ``kv_pool_load_bytes`` on a backend without a pool link.
     """
     compute = flops / backend.c_eff_flops_per_s
     hbm = hbm_bytes / backend.hbm_bandwidth_bytes_per_s
     load = host_load_bytes / backend.link_bytes_per_s
-    if pool_load_bytes:
-        if not backend.pool_link_bytes_per_s:
-            raise ValueError("a KV pool load on a backend without a pool link (pool_link_gb_s)")
-        load += pool_load_bytes / backend.pool_link_bytes_per_s
+    if kv_pool_load_bytes:
+        if not backend.kv_pool_link_bytes_per_s:
+            raise ValueError("a KV pool load on a backend without a pool link (kv_pool_link_gb_s)")
+        load += kv_pool_load_bytes / backend.kv_pool_link_bytes_per_s
     base = max(compute, hbm)
     duration = max(base, load) if backend.overlap_host_load else base + load
     utilisation = max(compute, DECODE_POWER_UTILISATION * hbm) / duration if duration > 0 else 0.0
@@ -218,7 +226,7 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         queue_wait_s: expected wait before the prefill starts, s (the caller's estimate).
 
     Returns:
-        A `CostEstimate`; ``kappa_crit`` is the attention-aware κ_crit(T) of this backend, at
+        A `CostEstimate`; ``kappa_crossover`` is the attention-aware κ_crit(T) of this backend, at
         the bandwidth this request's loads average over its host and pool links (the host
         link's when nothing comes from the pool), and ``regime`` compares the t_load and
         t_compute of this request (the same as K_loaded/T > κ_crit(T) for models without
@@ -228,18 +236,19 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         ValueError: cached pool tokens on a backend without a pool link.
     """
     c = kappa.model_constants(backend.model)
-    cached = shape.cached_hbm_tokens + shape.cached_host_tokens + shape.cached_pool_tokens
-    prompt = cached + shape.new_tokens
-    new = max(shape.new_tokens, 1.0)
+    cached = shape.cached_hbm_tokens + shape.cached_host_tokens + shape.cached_kv_pool_tokens
+    prompt = cached + shape.uncached_prompt_tokens
+    uncached = max(shape.uncached_prompt_tokens, 1.0)
     host_bytes = c.kv_bytes(shape.cached_host_tokens)
-    pool_bytes = c.kv_bytes(shape.cached_pool_tokens) if shape.cached_pool_tokens else 0.0
-    pf = roofline(backend, flops=c.prefill_flops(cached, new), hbm_bytes=c.weights_read_bytes(new) + c.kv_bytes(prompt),
-                  host_load_bytes=host_bytes, pool_load_bytes=pool_bytes)
-    load_bytes = host_bytes + pool_bytes
+    kv_pool_bytes = c.kv_bytes(shape.cached_kv_pool_tokens) if shape.cached_kv_pool_tokens else 0.0
+    pf = roofline(backend, flops=c.prefill_flops(cached, uncached),
+                  hbm_bytes=c.weights_read_bytes(uncached) + c.kv_bytes(prompt),
+                  host_load_bytes=host_bytes, kv_pool_load_bytes=kv_pool_bytes)
+    load_bytes = host_bytes + kv_pool_bytes
     # κ_crit at the link this request's loads cross: the host link's, or with pool tokens the
     # bandwidth its loads average (bytes / t_load), so regime and κ_crit agree on every backend.
     kappa_hw = backend.kappa_hw
-    if pool_bytes:
+    if kv_pool_bytes:
         kappa_hw = kappa.kappa_hw(load_bytes / pf.load_s, backend.c_eff_flops_per_s)
     context = prompt + shape.output_tokens / 2.0
     decode_step = (c.active_weight_bytes + c.kv_bytes(context)) / backend.hbm_bandwidth_bytes_per_s
@@ -257,7 +266,7 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         energy_j=energy,
         load_bytes=load_bytes,
         kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens - min(shape.held_tokens, shape.cached_hbm_tokens)),
-        kappa_ratio=kappa.kappa_ratio(cached, shape.new_tokens),
-        kappa_crit=c.kappa_crit(kappa_hw, new),
+        kappa_ratio=kappa.kappa_ratio(cached, shape.uncached_prompt_tokens),
+        kappa_crossover=c.kappa_crit(kappa_hw, uncached),
         regime=Regime.TRANSFER if pf.load_s > pf.compute_s else Regime.COMPUTE,
     )

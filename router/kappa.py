@@ -126,21 +126,21 @@ class ModelConstants:
         """
         return self.weight_bytes * (1.0 - (1.0 - self.active_share) ** max(batch_tokens, 1.0))
 
-    def prefill_flops(self, cached_tokens: float, new_tokens: float) -> float:
+    def prefill_flops(self, cached_tokens: float, uncached_prompt_tokens: float) -> float:
         """`prefill_flops` (FLOP)."""
-        t, span = new_tokens, cached_tokens + new_tokens / 2.0
+        t, span = uncached_prompt_tokens, cached_tokens + uncached_prompt_tokens / 2.0
         flops = t * self.f_linear + self.a_full * t * span
         if self.window_tokens:
             flops += self.a_sliding * t * min(span, self.window_tokens)
         return flops
 
-    def kappa_crit(self, kappa_hw_bytes_per_flop: float, new_tokens: float) -> float:
-        """`kappa_crit` at T = ``new_tokens`` (the attention-aware closed form)."""
+    def kappa_crit(self, kappa_hw_bytes_per_flop: float, uncached_prompt_tokens: float) -> float:
+        """`kappa_crit` at T = ``uncached_prompt_tokens`` (the attention-aware closed form)."""
         c = kappa_hw_bytes_per_flop / self.b_kv
-        denominator = 1.0 - c * self.a_full * new_tokens
+        denominator = 1.0 - c * self.a_full * uncached_prompt_tokens
         if denominator <= 0:
             return math.inf
-        return c * (self.f_linear + self.a_full * new_tokens / 2.0) / denominator
+        return c * (self.f_linear + self.a_full * uncached_prompt_tokens / 2.0) / denominator
 
 
 _CONSTANTS: dict[int, tuple[ModelProfile, ModelConstants]] = {}
@@ -184,12 +184,12 @@ def attention_flops_coefficient(model: ModelProfile, *, full_attention_only: boo
     return c.a_full if full_attention_only else c.a_sliding
 
 
-def prefill_flops(model: ModelProfile, cached_tokens: float, new_tokens: float) -> float:
-    """Total FLOPs to prefill ``new_tokens`` after ``cached_tokens`` cached ones.
+def prefill_flops(model: ModelProfile, cached_tokens: float, uncached_prompt_tokens: float) -> float:
+    """Total FLOPs to prefill ``uncached_prompt_tokens`` after ``cached_tokens`` cached ones.
 
     = T · 2·N_active + a_full · T · (K + T/2) + a_sw · T · min(K + T/2, window).
     """
-    return model_constants(model).prefill_flops(cached_tokens, new_tokens)
+    return model_constants(model).prefill_flops(cached_tokens, uncached_prompt_tokens)
 
 
 def c_eff_flops_per_s(hw: HardwareProfile, *, power_cap_w: float | None = None, tensor_parallel: int = 1) -> float:
@@ -210,30 +210,23 @@ def kappa_hw(link_bytes_per_s: float, c_eff: float) -> float:
     return link_bytes_per_s / c_eff
 
 
-def kappa_crit(model: ModelProfile, kappa_hw_bytes_per_flop: float, *, new_tokens: float | None = None) -> float:
+def kappa_crit(model: ModelProfile, kappa_hw_bytes_per_flop: float, *, uncached_prompt_tokens: float | None = None) -> float:
     """κ_crit, the κ_ratio above which loading the cached KV takes longer than the prefill.
 
     Args:
         model: the model profile.
         kappa_hw_bytes_per_flop: κ_HW of the backend (`kappa_hw`), byte/FLOP.
-        new_tokens: T; ``None`` gives the linear κ_crit = κ_M · κ_HW, a number gives the
+        uncached_prompt_tokens: T; ``None`` gives the linear κ_crit = κ_M · κ_HW, a number gives the
             attention-aware κ_crit(T) of the module docstring.
 
     Returns:
         κ_crit (dimensionless), ``math.inf`` when no K makes the request transfer-bound.
     """
-    if new_tokens is None:
+    if uncached_prompt_tokens is None:
         return kappa_m(model) * kappa_hw_bytes_per_flop
-    return model_constants(model).kappa_crit(kappa_hw_bytes_per_flop, new_tokens)
+    return model_constants(model).kappa_crit(kappa_hw_bytes_per_flop, uncached_prompt_tokens)
 
 
-def kappa_ratio(cached_tokens: float, new_tokens: float) -> float:
+def kappa_ratio(cached_tokens: float, uncached_prompt_tokens: float) -> float:
     """κ_ratio = K / max(T, 1): cached over new prompt tokens (vLLM computes at least one)."""
-    return cached_tokens / max(new_tokens, 1.0)
-
-
-def regime(cached_host_tokens: float, new_tokens: float, kappa_crit_value: float) -> Regime:
-    """TRANSFER when the KV that must be loaded outweighs the compute: K_host / T > κ_crit."""
-    if kappa_ratio(cached_host_tokens, new_tokens) > kappa_crit_value:
-        return Regime.TRANSFER
-    return Regime.COMPUTE
+    return cached_tokens / max(uncached_prompt_tokens, 1.0)

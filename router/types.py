@@ -42,7 +42,7 @@ class BackendView:
         backend_id: the config's id.
         spec: static model/hardware figures.
         matched_blocks, hbm_blocks, host_blocks: the prefix index's match for this request.
-        pool_blocks: blocks past this backend's own match that the fleet-shared KV pool holds
+        kv_pool_blocks: blocks past this backend's own match that the fleet-shared KV pool holds
             (loadable from it; included in ``matched_blocks``).
         in_flight_blocks: leading blocks that requests the gateway has in flight there hold
             (their KV is already in ``kv_demand_bytes``: not charged again).
@@ -68,7 +68,7 @@ class BackendView:
     num_requests_waiting: int = 0
     num_requests_running: int = 0
     kv_cache_usage_ratio: float = 0.0
-    pool_blocks: int = 0
+    kv_pool_blocks: int = 0
     in_flight_blocks: int = 0
 
     @property
@@ -83,14 +83,14 @@ class Candidate:
     backend_id: str
     cached_hbm_tokens: int
     cached_host_tokens: int
-    new_tokens: int
+    uncached_prompt_tokens: int
     estimate: CostEstimate
     admitted: bool  # (K+T+max_tokens)·B_kv fits its free KV memory
-    cached_pool_tokens: int = 0  # found only in the fleet-shared KV pool: loaded from it
+    cached_kv_pool_tokens: int = 0  # found only in the fleet-shared KV pool: loaded from it
 
     @property
     def cached_tokens(self) -> int:
-        return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_pool_tokens
+        return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_kv_pool_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,14 +57,14 @@ class Fleet:
         scrape_interval_s: period of the metrics scrape, s (> 0).
         block_size_tokens: the index block in tokens (> 0).
         bytes_per_token: the starting bytes/token estimate (> 0; calibrated online as live).
-        pool_bytes: capacity of the KV pool the backends share, bytes (``None``: no pool).
+        kv_pool_bytes: capacity of the KV pool the backends share, bytes (``None``: no pool).
     """
 
     backends: tuple[SimBackend, ...]
     scrape_interval_s: float = 1.0
     block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS
     bytes_per_token: float = BYTES_PER_TOKEN_ESTIMATE
-    pool_bytes: float | None = None
+    kv_pool_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -97,11 +97,11 @@ def fleet_from_settings(settings: Settings, catalog: Catalog) -> Fleet:
     pool = settings.kv_pool
     return Fleet(backends, scrape_interval_s=settings.gateway.scrape_interval_s,
                  block_size_tokens=settings.index.block_size_tokens, bytes_per_token=settings.index.bytes_per_token,
-                 pool_bytes=None if pool is None else pool.capacity_gb * GB)
+                 kv_pool_bytes=None if pool is None else pool.capacity_gb * GB)
 
 
 def high_kappa_threshold(backends: Sequence[SimBackend]) -> float:
     """κ_ratio above which a request counts as high-κ: the lowest κ_crit of the compute-dense
     backends (``labels.role == compute-dense``; all backends if none is labelled), as the demo reports."""
     dense = [b for b in backends if b.labels.get("role") == "compute-dense"] or list(backends)
-    return min(b.spec.kappa_crit for b in dense)
+    return min(b.spec.kappa_crit_linear for b in dense)

@@ -54,7 +54,7 @@ def lower_bound_ttfts(requests: Sequence[TraceRequest], backends: Sequence[SimBa
     for req, shared in zip(requests, shareable_prefix_tokens(requests), strict=True):
         cached = min(shared, max(req.input_tokens - 1, 0))
         shape = RequestShape(cached_hbm_tokens=cached, cached_host_tokens=0,
-                             new_tokens=req.input_tokens - cached, output_tokens=1)
+                             uncached_prompt_tokens=req.input_tokens - cached, output_tokens=1)
         out.append(min(predict(shape, spec).ttft_s for spec in specs))
     return out
 

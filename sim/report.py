@@ -60,7 +60,7 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     Returns:
         ``{"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "throughput_rps",
         "goodput_rps", "ttft_slo_s", "energy_per_request_j", "energy_j", "prefix_hit_ratio",
-        "host_hit_ratio", "pool_hit_ratio", "regime_share": {"compute", "transfer"}, "requests", "finished",
+        "host_hit_ratio", "kv_pool_hit_ratio", "regime_share": {"compute", "transfer"}, "requests", "finished",
         "rejected", "makespan_s", "high_kappa_threshold", "large_t_threshold_tokens",
         "backends": [{"id", "hardware", "role", "kappa_crit", "requests", "request_share",
         "high_kappa_requests", "high_kappa_share", "high_kappa_of_all", "large_t_requests",
@@ -73,7 +73,7 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     prompt = sum(r.prompt_tokens for r in done)
     cached = sum(r.cached_tokens for r in done)
     host = sum(r.cached_host_tokens for r in done)
-    pool = sum(r.cached_pool_tokens for r in done)
+    kv_pool = sum(r.cached_kv_pool_tokens for r in done)
     routed = len(result.records)
     transfer = sum(r.regime == "transfer" for r in result.records)
     energy = sum(result.energy_j.values())
@@ -90,7 +90,7 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in mine_done)
         backends.append({
             "id": b.id, "hardware": _hardware(b), "role": b.labels.get("role", ""),
-            "kappa_crit": b.spec.kappa_crit, "requests": len(mine), "request_share": _share(len(mine), routed),
+            "kappa_crit": b.spec.kappa_crit_linear, "requests": len(mine), "request_share": _share(len(mine), routed),
             # *_share: of this backend's requests (as in the demo's report); *_of_all: of the run's
             "high_kappa_requests": high, "high_kappa_share": _share(high, len(mine)),
             "high_kappa_of_all": _share(high, n_high),
@@ -108,7 +108,7 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         "ttft_slo_s": ttft_slo_s,
         "energy_per_request_j": energy / len(done) if done else None, "energy_j": energy,
         "prefix_hit_ratio": _share(cached, prompt), "host_hit_ratio": _share(host, prompt),
-        "pool_hit_ratio": _share(pool, prompt),
+        "kv_pool_hit_ratio": _share(kv_pool, prompt),
         "regime_share": {"compute": _share(routed - transfer, routed), "transfer": _share(transfer, routed)},
         "requests": routed + len(result.rejected), "finished": len(done), "rejected": len(result.rejected),
         "makespan_s": makespan, "high_kappa_threshold": high_kappa, "large_t_threshold_tokens": large_t,

@@ -79,7 +79,7 @@ DecisionObserver = Callable[[DecisionEvent], None]
 class RequestRecord:
     """One request's fate. Times in virtual seconds; token counts as the engine reported them.
 
-    ``kappa_ratio``, ``kappa_crit``, ``regime`` and ``predicted_ttft_s`` are the chosen
+    ``kappa_ratio``, ``kappa_crossover``, ``regime`` and ``predicted_ttft_s`` are the chosen
     candidate's figures at decision time (what the gateway puts in its x-kappa-* headers).
     """
 
@@ -88,13 +88,13 @@ class RequestRecord:
     backend_id: str
     max_tokens: int
     kappa_ratio: float
-    kappa_crit: float
+    kappa_crossover: float
     regime: str
     predicted_ttft_s: float
     prompt_tokens: int = 0
     cached_tokens: int = 0
     cached_host_tokens: int = 0
-    cached_pool_tokens: int = 0
+    cached_kv_pool_tokens: int = 0
     first_token_s: float | None = None
     finish_s: float | None = None
 
@@ -149,8 +149,8 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T:
 class _Backend(Target):
     """One backend's engine, plus what the gateway knows of it (a `dispatch.Target`)."""
 
-    def __init__(self, config: SimBackend, pool: SharedKVPool | None = None) -> None:
-        self.engine = engine = MockEngine(config.spec, config.engine, pool)
+    def __init__(self, config: SimBackend, kv_pool: SharedKVPool | None = None) -> None:
+        self.engine = engine = MockEngine(config.spec, config.engine, kv_pool)
         super().__init__(config.id, config.spec, host_tier_bytes=config.host_tier_bytes,
                          num_gpu_blocks_override=config.engine.num_gpu_blocks_override,
                          metrics=BackendMetrics(block_size_tokens=engine.block_size,
@@ -199,14 +199,14 @@ class Simulator:
         if not served:
             raise ValueError(f"no backend serves model {self.model!r}")
         # The KV store the backends share, sized in the engines' blocks (as the mock fleet does).
-        self._kv_pool = None if fleet.pool_bytes is None else SharedKVPool.with_capacity(
-            fleet.pool_bytes, kv_block_bytes(served[0].spec, served[0].engine.block_size_tokens))
+        self._kv_pool = None if fleet.kv_pool_bytes is None else SharedKVPool.with_capacity(
+            fleet.kv_pool_bytes, kv_block_bytes(served[0].spec, served[0].engine.block_size_tokens))
         self._backends = [_Backend(b, self._kv_pool) for b in served]
         self._by_id = {b.id: b for b in self._backends}
         self._position = {b.id: i for i, b in enumerate(self._backends)}
         self._dispatch = Dispatcher(MemoryPrefixIndex(), policy, random.Random(seed),
                                     BytesPerToken(fleet.bytes_per_token), block_size_bytes=fleet.block_size_bytes,
-                                    kv_pool_bytes=fleet.pool_bytes)
+                                    kv_pool_bytes=fleet.kv_pool_bytes)
         self._active: dict[str, _Active] = {}
         self._records: dict[int, RequestRecord] = {}
         self._rejected: list[int] = []
@@ -278,7 +278,7 @@ class Simulator:
             self._rejected.append(req.index)
             return None
         est = cand.estimate
-        record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_crit,
+        record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_crossover,
                                est.regime.value, est.ttft_s)
         self._records[req.index] = record
         self._active[rid] = _Active(record, self._dispatch.charge(plan, cand), request)
@@ -297,7 +297,7 @@ class Simulator:
                 record.first_token_s = now
                 record.prompt_tokens, record.cached_tokens = out.prompt_tokens, out.cached_tokens
                 record.cached_host_tokens = out.cached_host_tokens
-                record.cached_pool_tokens = out.cached_pool_tokens
+                record.cached_kv_pool_tokens = out.cached_kv_pool_tokens
                 act.ticket.first_byte()
                 run_now(self._dispatch.record(self.model, b, act.request.hashes))
             if out.finished:

@@ -41,7 +41,7 @@ def crit(
     kappa_hw: Annotated[float | None, typer.Option("--kappa-hw", help="use this κ_HW (byte/FLOP) for every pair, e.g. 34e-6")] = None,
     link_gbps: Annotated[float | None, typer.Option("--link-gbps", help="sustained host-link bandwidth in GB/s (gigabytes per second)")] = None,
     c_eff_tflops: Annotated[float | None, typer.Option("--c-eff-tflops", help="effective prefill compute in TFLOP/s")] = None,
-    new_tokens: Annotated[int | None, typer.Option("--new-tokens", "-T", min=1, help="T for the attention-aware κ_crit(T)")] = None,
+    uncached_prompt_tokens: Annotated[int | None, typer.Option("--uncached-tokens", "-T", "--new-tokens", min=1, help="T, the uncached prompt tokens to prefill, for the attention-aware κ_crit(T)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
 ) -> None:
     """κ_crit for models × hardware: above it, a request's cached-KV load outlasts its prefill."""
@@ -53,14 +53,14 @@ def crit(
     try:
         rows = crit_rows(
             default_catalog(), model, hardware,
-            kappa_hw_override=kappa_hw, link_gb_s=link_gbps, c_eff_tflops=c_eff_tflops, new_tokens=new_tokens,
+            kappa_hw_override=kappa_hw, link_gb_s=link_gbps, c_eff_tflops=c_eff_tflops, uncached_prompt_tokens=uncached_prompt_tokens,
         )
     except ProfileError as exc:
         raise typer.BadParameter(str(exc)) from exc
     if as_json:
         typer.echo(json.dumps([_json_crit(r) for r in rows], indent=2))
         return
-    title = "κ_crit = κ_M · κ_HW" + (f" (attention-aware, T={new_tokens})" if new_tokens else " (linear F_pf)")
+    title = "κ_crit = κ_M · κ_HW" + (f" (attention-aware, T={uncached_prompt_tokens})" if uncached_prompt_tokens else " (linear F_pf)")
     table = Table(title=title)
     table.add_column("model", no_wrap=True)
     table.add_column("hardware", no_wrap=True)

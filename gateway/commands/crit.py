@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from router import kappa as k
+from router import kappa
 from router.profiles import GB, TERA, Catalog
 
 
@@ -26,7 +26,7 @@ class CritRow:
     c_eff_tflops: float
     kappa_hw: float
     kappa_crit: float
-    new_tokens: int | None
+    uncached_prompt_tokens: int | None
 
     def as_dict(self) -> dict[str, float | str | int | None]:
         return asdict(self)
@@ -46,7 +46,7 @@ def crit_rows(
     kappa_hw_override: float | None = None,
     link_gb_s: float | None = None,
     c_eff_tflops: float | None = None,
-    new_tokens: int | None = None,
+    uncached_prompt_tokens: int | None = None,
 ) -> list[CritRow]:
     """Rows for every requested model × hardware pair (``all`` or empty means every entry).
 
@@ -56,7 +56,7 @@ def crit_rows(
         kappa_hw_override: use this κ_HW (byte/FLOP) for every pair, e.g. the paper's 34e-6.
         link_gb_s: sustained host-link bandwidth, GB/s (gigabytes), instead of the profile's.
         c_eff_tflops: effective prefill compute, TFLOP/s, instead of peak × efficiency.
-        new_tokens: T for the attention-aware κ_crit(T); ``None`` gives the linear κ_crit.
+        uncached_prompt_tokens: T for the attention-aware κ_crit(T); ``None`` gives the linear κ_crit.
 
     Raises:
         router.errors.ProfileError: an unknown model or hardware name.
@@ -67,20 +67,20 @@ def crit_rows(
         for hw_name in _expand(hardware, catalog.hardware):
             hw = catalog.hw(hw_name)
             link = (link_gb_s * GB) if link_gb_s is not None else hw.host_link_sustained_bytes_per_s
-            c_eff = (c_eff_tflops * TERA) if c_eff_tflops is not None else k.c_eff_flops_per_s(hw)
-            kappa_hw = kappa_hw_override if kappa_hw_override is not None else k.kappa_hw(link, c_eff)
+            c_eff = (c_eff_tflops * TERA) if c_eff_tflops is not None else kappa.c_eff_flops_per_s(hw)
+            kappa_hw = kappa_hw_override if kappa_hw_override is not None else kappa.kappa_hw(link, c_eff)
             rows.append(
                 CritRow(
                     model=model_name,
                     hardware=hw_name,
-                    b_kv_bytes=k.b_kv_bytes(model),
-                    b_kv_full_attention_bytes=k.b_kv_full_attention_bytes(model),
-                    kappa_m=k.kappa_m(model),
+                    b_kv_bytes=kappa.b_kv_bytes(model),
+                    b_kv_full_attention_bytes=kappa.b_kv_full_attention_bytes(model),
+                    kappa_m=kappa.kappa_m(model),
                     link_gb_s=link / GB,
                     c_eff_tflops=c_eff / TERA,
                     kappa_hw=kappa_hw,
-                    kappa_crit=k.kappa_crit(model, kappa_hw, new_tokens=new_tokens),
-                    new_tokens=new_tokens,
+                    kappa_crit=kappa.kappa_crit(model, kappa_hw, uncached_prompt_tokens=uncached_prompt_tokens),
+                    uncached_prompt_tokens=uncached_prompt_tokens,
                 )
             )
     return rows

@@ -126,7 +126,7 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     """``{"requests", "errors", "backends": [{id, hardware, requests, regimes, kappa_ratio_p50, …}], …}``."""
     catalog = default_catalog()
     compute_dense = [b for b in settings.backends if b.labels.get("role") == "compute-dense"] or settings.backends
-    high_kappa = min(settings.backend_spec(catalog, b).kappa_crit for b in compute_dense)
+    high_kappa = min(settings.backend_spec(catalog, b).kappa_crit_linear for b in compute_dense)
     ok = [r for r in results if r.error is None]
     large_t = percentile([r.prompt_tokens - r.cached_tokens for r in ok if r.prompt_tokens is not None], 90) or 0
     backends = []
@@ -139,7 +139,7 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
         backends.append({
             "id": b.id, "hardware": f"{b.hardware} x{b.tensor_parallel}"
                                     + (f" capped {b.power_cap_w:g} W" if b.power_cap_w else ""),
-            "role": b.labels.get("role", ""), "kappa_crit": settings.backend_spec(catalog, b).kappa_crit,
+            "role": b.labels.get("role", ""), "kappa_crit": settings.backend_spec(catalog, b).kappa_crit_linear,
             "requests": len(mine),
             "regimes": {"compute": sum(r.regime == "compute" for r in mine),
                         "transfer": sum(r.regime == "transfer" for r in mine)},
@@ -149,7 +149,7 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
             "prefix_hit_ratio": cached / prompt if prompt else None,
             "energy_j": backend_metrics.get(b.id, {}).get("mock_vllm:energy_joules_total"),
-            "pool_loaded_bytes": backend_metrics.get(b.id, {}).get("mock_vllm:pool_kv_loaded_bytes_total"),
+            "kv_pool_loaded_bytes": backend_metrics.get(b.id, {}).get("mock_vllm:kv_pool_loaded_bytes_total"),
         })
     placement: dict[str, dict[str, float]] = {}
     for b in backends:

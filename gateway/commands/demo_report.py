@@ -36,7 +36,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                       f"{report['high_kappa_threshold']:.1f}) / large-T: " + "; ".join(
                           f"{role} {g['high_kappa_share']:.0%} / {g['large_t_share']:.0%}" for role, g in roles.items()))
     if report.get("kv_pool_gb"):
-        loads = {b["id"]: b.get("pool_loaded_bytes") or 0.0 for b in report["backends"]}
+        loads = {b["id"]: b.get("kv_pool_loaded_bytes") or 0.0 for b in report["backends"]}
         console.print(f"Shared KV pool ({report['kv_pool_gb']:g} GB): prefixes loaded from it — " + ", ".join(
             f"{bid} {v / 1e9:,.1f} GB" for bid, v in loads.items()) + ".")
     est, rep = report["index_cached_tokens_estimated"], report["index_cached_tokens_reported"]

@@ -40,8 +40,8 @@ def build_apps(settings: Settings, catalog: Catalog, backends: Sequence[BackendE
     Raises:
         ValueError: a bad setting (`shared_kv_pool`, `build_backend_app`).
     """
-    pool = shared_kv_pool(settings, catalog, backends) if settings.kv_pool is not None else None
-    return [build_backend_app(settings, backend, catalog, time_scale=time_scale, pool=pool) for backend in backends]
+    kv_pool = shared_kv_pool(settings, catalog, backends) if settings.kv_pool is not None else None
+    return [build_backend_app(settings, backend, catalog, time_scale=time_scale, kv_pool=kv_pool) for backend in backends]
 
 
 class _Server(uvicorn.Server):

@@ -113,7 +113,7 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
         table.add_row(name, _f(p["ttft_p50_s"], ".3f"), _f(p["ttft_p90_s"], ".3f"), _f(p["ttft_p99_s"], ".3f"),
                       _f(p["e2e_p50_s"], ".2f"), _f(p["throughput_rps"], ".3f"), _f(p["goodput_rps"], ".3f"),
                       _f(p["energy_per_request_j"], ",.0f"), _f(p["prefix_hit_ratio"], ".1%"),
-                      _f(p["host_hit_ratio"], ".1%"), _f(p.get("pool_hit_ratio"), ".1%"),
+                      _f(p["host_hit_ratio"], ".1%"), _f(p.get("kv_pool_hit_ratio"), ".1%"),
                       f"{_f(regimes['compute'], '.0%')}/{_f(regimes['transfer'], '.0%')}")
     console = Console(width=max(console.width, 140))
     console.print(table)

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.errors import BadRequest
 from gateway.proxy import read_body
 from gateway.routes.deps import State
-from prefix_index import POOL_ID, PrefixIndexError
+from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.profiles import GB
 
@@ -59,12 +59,12 @@ async def backends(gw: State) -> dict:
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
             "labels": s.entry.labels, "healthy": s.healthy,
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
-            "kappa_crit": spec.kappa_crit, "kappa_crit_measured": s.kappa_fit.kappa_crit(),
+            "kappa_crit": spec.kappa_crit_linear, "kappa_crit_measured": s.kappa_fit.kappa_crit(),
             "kappa_fit_samples": dict(zip(("compute", "transfer"), s.kappa_fit.samples, strict=True)),
             "kappa_hw": spec.kappa_hw,
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),
             "c_eff_flops_per_s": spec.c_eff_flops_per_s, "link_bytes_per_s": spec.link_bytes_per_s,
-            "pool_link_bytes_per_s": spec.pool_link_bytes_per_s or None,
+            "kv_pool_link_bytes_per_s": spec.kv_pool_link_bytes_per_s or None,
             "in_flight": s.ledger.in_flight, "kv_demand_bytes": s.ledger.kv_demand_bytes,
             "kv_capacity_bytes": s.kv_capacity_bytes, "host_tier_bytes": s.host_tier_bytes,
             "outstanding_prefill_s": s.ledger.outstanding_prefill_s,
@@ -72,10 +72,10 @@ async def backends(gw: State) -> dict:
             "kv_cache_usage_ratio": m.kv_cache_usage_ratio,
             "cached_blocks": None if index_blocks is None else index_blocks.get(s.id, 0),
         })
-    pool = gw.settings.kv_pool
-    kv_pool = None if pool is None else {
-        "capacity_bytes": pool.capacity_gb * GB,
-        "cached_blocks": None if index_blocks is None else index_blocks.get(POOL_ID, 0),
+    section = gw.settings.kv_pool
+    kv_pool = None if section is None else {
+        "capacity_bytes": section.capacity_gb * GB,
+        "cached_blocks": None if index_blocks is None else index_blocks.get(KV_POOL_ID, 0),
     }
     return {"backends": out, "policy": gw.settings.routing.policy, "index": gw.settings.index.backend,
             "kv_pool": kv_pool}
@@ -109,8 +109,8 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
             "backend": c.backend_id, "rank": rank[c.backend_id],
             "hardware": plan.targets[c.backend_id].entry.hardware,
             "cached_hbm_tokens": c.cached_hbm_tokens, "cached_host_tokens": c.cached_host_tokens,
-            "cached_pool_tokens": c.cached_pool_tokens,
-            "new_tokens": c.new_tokens, "kappa_ratio": est.kappa_ratio, "kappa_crit": _finite(est.kappa_crit),
+            "cached_kv_pool_tokens": c.cached_kv_pool_tokens,
+            "uncached_prompt_tokens": c.uncached_prompt_tokens, "kappa_ratio": est.kappa_ratio, "kappa_crit": _finite(est.kappa_crossover),
             "regime": est.regime.value, "admitted": c.admitted,
             "predicted_ttft_s": est.ttft_s, "predicted_prefill_s": est.prefill_s,
             "t_compute_s": est.t_compute_s, "t_load_s": est.t_load_s,

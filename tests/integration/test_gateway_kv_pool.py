@@ -3,7 +3,7 @@
 Two llama-3.1-8b mocks (H100 and B200) share one pool (`gateway.commands.fleet.mock_fleet`, one
 child process); a real uvicorn gateway with the same ``kv_pool`` section routes to them.
 Once a long prompt has run on one backend, the index holds its chain for that backend and
-for the pool (`prefix_index.POOL_ID`), so the gateway expects the other backend to load it
+for the pool (`prefix_index.KV_POOL_ID`), so the gateway expects the other backend to load it
 from the pool, and the other mock does. Without the section none of it appears. Records
 land after the first byte, asynchronously: the tests poll for them.
 """
@@ -96,18 +96,18 @@ def test_other_backend_is_offered_the_prompt_from_the_pool(pooled_urls: list[str
         x = raw.headers["x-kappa-backend"]
         (other,) = {"a", "b"} - {x}
         out, candidates = explain_once(gw, chat_body(prompt),
-                                       lambda c: c[x]["cached_hbm_tokens"] and c[other]["cached_pool_tokens"])
+                                       lambda c: c[x]["cached_hbm_tokens"] and c[other]["cached_kv_pool_tokens"])
         block_tokens = out["tokens_per_block_estimate"]
-        assert abs(candidates[other]["cached_pool_tokens"] - prompt_tokens) <= block_tokens
+        assert abs(candidates[other]["cached_kv_pool_tokens"] - prompt_tokens) <= block_tokens
         assert candidates[other]["cached_hbm_tokens"] == candidates[other]["cached_host_tokens"] == 0
         assert abs(candidates[x]["cached_hbm_tokens"] - prompt_tokens) <= block_tokens
-        assert candidates[x]["cached_pool_tokens"] == 0
+        assert candidates[x]["cached_kv_pool_tokens"] == 0
 
         listed = gw.http.get("/v1/kappa/backends").json()
         assert listed["kv_pool"] == {"capacity_bytes": 50e9, "cached_blocks": out["prompt_blocks"]}
         backends = {b["id"]: b for b in listed["backends"]}
         assert backends[x]["cached_blocks"] == out["prompt_blocks"] and backends[other]["cached_blocks"] == 0
-        assert all(b["pool_link_bytes_per_s"] > 0 for b in backends.values())
+        assert all(b["kv_pool_link_bytes_per_s"] > 0 for b in backends.values())
 
 
 def test_round_robin_sends_the_repeat_to_the_other_backend_which_loads_it_from_the_pool(
@@ -124,12 +124,12 @@ def test_round_robin_sends_the_repeat_to_the_other_backend_which_loads_it_from_t
         assert second.headers["x-kappa-backend"] == "b"
         assert float(second.headers["x-kappa-ratio"]) > 1
         loaded = second.parse().usage.prompt_tokens_details.cached_tokens  # b never saw it: all from the pool
-        estimated = gw.metric("gateway_prompt_tokens_total", backend="b", source="cached_pool")
+        estimated = gw.metric("gateway_prompt_tokens_total", backend="b", source="cached_kv_pool")
         assert loaded > 3_000 and estimated > 3_000
         block_tokens = explain(gw, chat_body(prompt))[0]["tokens_per_block_estimate"]
         assert abs(loaded - estimated) <= max(block_tokens, 16)  # one index block, or one vLLM block
         assert gw.metric("gateway_prompt_tokens_total", source="cached_hbm") == 0
-        assert gw.metric("gateway_prompt_tokens_total", backend="a", source="cached_pool") == 0
+        assert gw.metric("gateway_prompt_tokens_total", backend="a", source="cached_kv_pool") == 0
 
 
 def test_without_a_kv_pool_section_the_other_backend_has_nothing_to_load(index: dict, prompt: str) -> None:
@@ -138,9 +138,9 @@ def test_without_a_kv_pool_section_the_other_backend_has_nothing_to_load(index: 
         x = raw.headers["x-kappa-backend"]
         (other,) = {"a", "b"} - {x}
         _, candidates = explain_once(gw, chat_body(prompt), lambda c: c[x]["cached_hbm_tokens"])
-        assert candidates[other]["cached_pool_tokens"] == 0 and candidates[other]["cached_hbm_tokens"] == 0
-        assert candidates[x]["cached_pool_tokens"] == 0
+        assert candidates[other]["cached_kv_pool_tokens"] == 0 and candidates[other]["cached_hbm_tokens"] == 0
+        assert candidates[x]["cached_kv_pool_tokens"] == 0
         listed = gw.http.get("/v1/kappa/backends").json()
         assert listed["kv_pool"] is None
-        assert all(b["pool_link_bytes_per_s"] is None for b in listed["backends"])
-        assert gw.metric("gateway_prompt_tokens_total", source="cached_pool") == 0
+        assert all(b["kv_pool_link_bytes_per_s"] is None for b in listed["backends"])
+        assert gw.metric("gateway_prompt_tokens_total", source="cached_kv_pool") == 0

@@ -43,6 +43,6 @@ def test_measured_kappa_crit_matches_the_backends_physics() -> None:
             stream(gw, prefix + " " + words("q", 40))  # prefix now in the host tier: transfer-bound
         backend = gw.http.get("/v1/kappa/backends").json()["backends"][0]
     catalog = default_catalog()
-    predicted = BackendSpec(model=catalog.model(MOCK_MODEL), hardware=catalog.hw("h100-sxm")).kappa_crit
+    predicted = BackendSpec(model=catalog.model(MOCK_MODEL), hardware=catalog.hw("h100-sxm")).kappa_crit_linear
     assert backend["kappa_fit_samples"]["compute"] >= 5 and backend["kappa_fit_samples"]["transfer"] >= 5
     assert backend["kappa_crit_measured"] == pytest.approx(predicted, rel=0.2)

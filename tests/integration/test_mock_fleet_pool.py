@@ -56,16 +56,16 @@ def test_second_mock_loads_the_first_mocks_prefix_only_with_a_pool(kv_pool: bool
         first = chat(http, a)
         second = chat(http, b)
         assert first["prompt_tokens"] > 3_000 and first["prompt_tokens_details"]["cached_tokens"] == 0
-        pool_bytes = metric(http, b, "mock_vllm:pool_kv_loaded_bytes_total")
+        kv_pool_bytes = metric(http, b, "mock_vllm:kv_pool_loaded_bytes_total")
         if kv_pool:
             cached = second["prompt_tokens_details"]["cached_tokens"]
             assert cached == (second["prompt_tokens"] - 1) // 16 * 16
-            assert pool_bytes == cached * 131_072  # B_kv of Llama-3.1-8B, bytes per token
+            assert kv_pool_bytes == cached * 131_072  # B_kv of Llama-3.1-8B, bytes per token
             assert metric(http, b, "vllm:external_prefix_cache_hits_total") == cached
         else:
             assert second["prompt_tokens_details"]["cached_tokens"] == 0
-            assert pool_bytes == 0
-        assert metric(http, a, "mock_vllm:pool_kv_loaded_bytes_total") == 0
+            assert kv_pool_bytes == 0
+        assert metric(http, a, "mock_vllm:kv_pool_loaded_bytes_total") == 0
 
 
 def test_pooled_fleet_start_up_failure_names_the_backends() -> None:

@@ -275,7 +275,7 @@ def test_metrics_parse_with_vllm_names_and_labels(mock: Mock) -> None:
         "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
         "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_prompt_tokens",
         "vllm:request_generation_tokens", "vllm:request_prefill_kv_computed_tokens", "process_start_time_seconds",
-        "mock_vllm:power_watts", "mock_vllm:energy_joules", "mock_vllm:host_kv_loaded_bytes", "mock_vllm:pool_kv_loaded_bytes",
+        "mock_vllm:power_watts", "mock_vllm:energy_joules", "mock_vllm:host_kv_loaded_bytes", "mock_vllm:kv_pool_loaded_bytes",
         "mock_vllm:schedule_lag_seconds", "mock_vllm:step_lag_seconds", "mock_vllm:schedule_step_seconds",
     }
     assert expected <= set(families)

@@ -26,7 +26,7 @@ def test_report_counts_shares_and_converts_ttft_to_modelled_seconds() -> None:
         RequestResult(index=4, arrival_s=0.0, sent_s=0.0, status=503, error="no backend"),
     ]
     report = build_report(SETTINGS, results, {"gh200": {"mock_vllm:energy_joules_total": 1234.0,
-                                                        "mock_vllm:pool_kv_loaded_bytes_total": 5e9}},
+                                                        "mock_vllm:kv_pool_loaded_bytes_total": 5e9}},
                           {"gateway_cached_tokens_estimated_total": 14_000.0}, time_scale=0.5)
     assert (report["requests"], report["errors"], report["error_examples"]) == (5, 1, ["no backend"])
     by_id = {b["id"]: b for b in report["backends"]}
@@ -37,4 +37,4 @@ def test_report_counts_shares_and_converts_ttft_to_modelled_seconds() -> None:
     assert roles["compute-dense"]["high_kappa_share"] == 0 and roles["bandwidth-rich"]["high_kappa_share"] == 1
     assert roles["compute-dense"]["large_t_share"] == 0.5  # the 30k-token cold prefill
     assert report["kv_pool_gb"] == SETTINGS.kv_pool.capacity_gb
-    assert (by_id["gh200"]["pool_loaded_bytes"], by_id["b200-a"]["pool_loaded_bytes"]) == (5e9, None)
+    assert (by_id["gh200"]["kv_pool_loaded_bytes"], by_id["b200-a"]["kv_pool_loaded_bytes"]) == (5e9, None)

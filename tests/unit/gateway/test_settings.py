@@ -42,7 +42,7 @@ def test_shipped_fleet_configs_load(path: Path) -> None:
         (doc(kv_pool={"capacity_gb": 10, "bandwidth": 5}), r"kv_pool\.bandwidth: Extra inputs are not permitted"),
         (doc(kv_pool={"capacity_gbb": 10}),
          r"^kv_pool\.capacity_gbb: Extra inputs are not permitted; kv_pool\.capacity_gb: Field required$"),
-        ({"backends": [{**BACKEND, "pool_link_gb_s": 40}]}, r"backends\[0\]\.pool_link_gb_s is set but there is no kv_pool"),
+        ({"backends": [{**BACKEND, "kv_pool_link_gb_s": 40}]}, r"backends\[0\]\.kv_pool_link_gb_s is set but there is no kv_pool"),
         ({"backends": [{**BACKEND, "colour": "red"}]}, r"backends\[0\]\.colour: Extra inputs"),
         ({"backends": []}, r"backends: List should have at least 1 item"),
         ({"models": {"m": {"profile": "nope"}}, "backends": [BACKEND]}, r"models\.m\.profile: unknown model profile"),
@@ -84,9 +84,9 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
 def test_a_kv_pool_gives_each_backend_a_pool_link() -> None:
     settings = parse_settings({"kv_pool": {"capacity_gb": 500, "link_gb_s_per_gpu": 10},
                                "backends": [{**BACKEND, "tensor_parallel": 4},
-                                            {**BACKEND, "id": "b", "url": "http://127.0.0.1:8002", "pool_link_gb_s": 7}]},
+                                            {**BACKEND, "id": "b", "url": "http://127.0.0.1:8002", "kv_pool_link_gb_s": 7}]},
                               CATALOG, env={})
     a, b = (settings.backend_spec(CATALOG, entry) for entry in settings.backends)
-    assert (a.pool_link_bytes_per_s, b.pool_link_bytes_per_s) == (40e9, 7e9)  # min(10, 15) × 4; the override
+    assert (a.kv_pool_link_bytes_per_s, b.kv_pool_link_bytes_per_s) == (40e9, 7e9)  # min(10, 15) × 4; the override
     plain = parse_settings(doc(), CATALOG, env={})
-    assert plain.kv_pool is None and plain.backend_spec(CATALOG, plain.backends[0]).pool_link_bytes_per_s == 0
+    assert plain.kv_pool is None and plain.backend_spec(CATALOG, plain.backends[0]).kv_pool_link_bytes_per_s == 0

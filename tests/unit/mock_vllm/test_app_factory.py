@@ -16,7 +16,7 @@ BACKENDS = [{"id": "a", "url": "http://127.0.0.1:8001", "model": "llama-3.1-8b",
 # Every field of a backend entry, each away from its default, as `kappa-gateway mock-fleet` gets them.
 EVERY_FIELD = {"id": "h100", "url": "http://127.0.0.1:8009", "model": "served-8b", "hardware": "h100-sxm",
                "power_cap_w": 450.0, "tensor_parallel": 2, "host_tier_gb": 64.0, "host_link_gb_s": 41.0,
-               "pool_link_gb_s": 33.0, "overlap_host_load": False, "num_gpu_blocks_override": 1234,
+               "kv_pool_link_gb_s": 33.0, "overlap_host_load": False, "num_gpu_blocks_override": 1234,
                "labels": {"role": "power-capped"}}
 # Fields a mock has no use for: where it listens comes from `url` (the worker binds it), and
 # labels are the operator's (the demo report reads them); every other field shapes the engine.
@@ -41,12 +41,12 @@ def test_a_mock_fleet_backend_honours_every_backend_field_the_gateway_reads() ->
     assert engine.backend == spec  # model, hardware, power cap, TP, host link, overlap, pool link
     assert (spec.model.name, spec.hardware.name, spec.power_cap_w, spec.tensor_parallel) == (
         "llama-3.1-8b", "h100-sxm", 450.0, 2)
-    assert (spec.host_link_gb_s, spec.overlap_host_load, spec.pool_link_gb_s) == (41.0, False, 33.0)
+    assert (spec.host_link_gb_s, spec.overlap_host_load, spec.kv_pool_link_gb_s) == (41.0, False, 33.0)
     assert engine.config == engine_config(entry)
     assert engine.config.host_tier_bytes == 64e9 and engine.stats.num_gpu_blocks == 1234
-    assert engine.cache.pool is not None
+    assert engine.cache.kv_pool is not None
     honoured = {"model", "hardware", "power_cap_w", "tensor_parallel", "host_tier_gb", "host_link_gb_s",
-                "pool_link_gb_s", "overlap_host_load", "num_gpu_blocks_override"}
+                "kv_pool_link_gb_s", "overlap_host_load", "num_gpu_blocks_override"}
     assert honoured | NOT_THE_ENGINES == set(EVERY_FIELD)
 
 
@@ -70,13 +70,13 @@ def test_pool_blocks_are_capacity_over_one_16_token_block(capacity_gb: float, bl
 def test_one_app_per_backend_on_one_pool() -> None:
     settings = parse_settings({"kv_pool": {"capacity_gb": 1.0}, "backends": BACKENDS}, CATALOG, env={})
     apps = build_apps(settings, CATALOG, settings.backends, time_scale=0.01)
-    pools = {id(engine_of(app).cache.pool) for app in apps}
-    assert len(apps) == 2 and len(pools) == 1 and engine_of(apps[0]).cache.pool.num_blocks == 476
+    pools = {id(engine_of(app).cache.kv_pool) for app in apps}
+    assert len(apps) == 2 and len(pools) == 1 and engine_of(apps[0]).cache.kv_pool.num_blocks == 476
 
 
 def test_without_a_kv_pool_section_each_mock_has_none() -> None:
     settings = parse_settings({"backends": BACKENDS}, CATALOG, env={})
-    assert all(engine_of(app).cache.pool is None for app in build_apps(settings, CATALOG, settings.backends,
+    assert all(engine_of(app).cache.kv_pool is None for app in build_apps(settings, CATALOG, settings.backends,
                                                                         time_scale=0.01))
     with pytest.raises(ValueError, match="kv_pool"):
         shared_kv_pool(settings, CATALOG, settings.backends)

@@ -106,11 +106,11 @@ def engine_hashes(engine: MockEngine, prompt: list[int]) -> list[int]:
     return prompt_block_hashes(prompt, engine.block_size, None)
 
 
-def ttft_with_host_prefix(cached_tokens: int, new_tokens: int) -> float:
+def ttft_with_host_prefix(cached_tokens: int, uncached_prompt_tokens: int) -> float:
     engine = small_hbm_engine()
     prefix = tokens(cached_tokens, seed=cached_tokens)
     now = push_to_host_tier(engine, prefix, 0.0)
-    ttft, _, outs = run_one(engine, prefix + tokens(new_tokens, seed=7 + new_tokens), now_s=now)
+    ttft, _, outs = run_one(engine, prefix + tokens(uncached_prompt_tokens, seed=7 + uncached_prompt_tokens), now_s=now)
     assert outs[0].cached_host_tokens == cached_tokens
     return ttft
 
@@ -143,7 +143,7 @@ def test_kappa_crossover_lies_within_10_percent_of_kappa_crit() -> None:
     low-K and high-K ends of the sweep.
     """
     new = 2_000
-    crit = kappa.kappa_crit(H100_8B.model, H100_8B.kappa_hw, new_tokens=new)
+    crit = kappa.kappa_crit(H100_8B.model, H100_8B.kappa_hw, uncached_prompt_tokens=new)
     kappas = [crit * f for f in (0.25, 0.4, 0.55, 1.6, 1.8, 2.0)]
     ttft = {x: ttft_with_host_prefix(round(x * new / 16) * 16, new) for x in kappas}
     (x0, x1), (x2, x3) = kappas[:2], kappas[-2:]

@@ -47,7 +47,7 @@ def test_pool_needs_at_least_one_block() -> None:
 
 def test_a_block_sealed_in_one_cache_is_a_pool_block_for_another() -> None:
     pool = SharedKVPool(100)
-    writer, reader = PagedKVCache(8, pool=pool), PagedKVCache(8, pool=pool)
+    writer, reader = PagedKVCache(8, kv_pool=pool), PagedKVCache(8, kv_pool=pool)
     writer.allocate_anonymous(2)
     writer.seal(11)
     writer.seal(12)
@@ -61,33 +61,33 @@ def test_a_block_sealed_in_one_cache_is_a_pool_block_for_another() -> None:
 
 def test_second_engine_loads_the_first_engines_prefix_from_the_pool() -> None:
     pool = SharedKVPool(10_000)
-    first = MockEngine(BackendSpec(model=MODEL, hardware=CATALOG.hw("h100-sxm"), pool_link_gb_s=POOL_LINK_GB_S),
-                       pool=pool)
-    second = MockEngine(BackendSpec(model=MODEL, hardware=CATALOG.hw("b200"), pool_link_gb_s=POOL_LINK_GB_S),
-                        pool=pool)
+    first = MockEngine(BackendSpec(model=MODEL, hardware=CATALOG.hw("h100-sxm"), kv_pool_link_gb_s=POOL_LINK_GB_S),
+                       kv_pool=pool)
+    second = MockEngine(BackendSpec(model=MODEL, hardware=CATALOG.hw("b200"), kv_pool_link_gb_s=POOL_LINK_GB_S),
+                        kv_pool=pool)
     prefix = tokens(8_000, seed=1)
     first.add_request("a", prefix, max_tokens=1, arrival_s=0.0)
     drain(first)
     second.add_request("b", prefix + tokens(100, seed=2), max_tokens=1, arrival_s=0.0)
     step = second.step(0.0)
     (out,) = step.outputs
-    assert out.cached_pool_tokens == out.cached_tokens == 8_000 and out.cached_host_tokens == 0
+    assert out.cached_kv_pool_tokens == out.cached_tokens == 8_000 and out.cached_host_tokens == 0
     # 8,000 tokens × B_kv 131,072 B (Llama-3.1-8B: 2·32 layers·8 KV heads·128·2 B) over 25 GB/s.
     assert step.load_s == pytest.approx(1_048_576_000 / 25e9) == 0.04194304
-    assert second.stats.pool_kv_loaded_bytes_total == 1_048_576_000
+    assert second.stats.kv_pool_loaded_bytes_total == 1_048_576_000
     assert second.stats.host_kv_loaded_bytes_total == 0
     assert second.stats.external_prefix_cache_hits_tokens == 8_000
 
 
 def test_an_engine_on_a_pool_needs_a_pool_link() -> None:
-    with pytest.raises(ValueError, match="pool_link_gb_s"):
-        MockEngine(BackendSpec(model=MODEL, hardware=CATALOG.hw("h100-sxm")), pool=SharedKVPool(10))
+    with pytest.raises(ValueError, match="kv_pool_link_gb_s"):
+        MockEngine(BackendSpec(model=MODEL, hardware=CATALOG.hw("h100-sxm")), kv_pool=SharedKVPool(10))
 
 
 def test_a_finished_request_refreshes_its_chain_in_the_pool_deepest_first() -> None:
     """Sealed in prompt order, block 0 would be the pool's oldest and go first, stranding 2 and 3."""
     pool = SharedKVPool(3)
-    writer, reader = PagedKVCache(8, pool=pool), PagedKVCache(8, pool=pool)
+    writer, reader = PagedKVCache(8, kv_pool=pool), PagedKVCache(8, kv_pool=pool)
     writer.allocate_anonymous(3)
     for h in (1, 2, 3):
         writer.seal(h)
@@ -101,7 +101,7 @@ def test_engines_of_different_models_do_not_share_pool_blocks() -> None:
     pool = SharedKVPool(10_000)
     prompt = tokens(2_000, seed=3)
     engines = {name: MockEngine(BackendSpec(model=CATALOG.model(name), hardware=CATALOG.hw("h100-sxm"),
-                                            pool_link_gb_s=POOL_LINK_GB_S), pool=pool)
+                                            kv_pool_link_gb_s=POOL_LINK_GB_S), kv_pool=pool)
                for name in ("llama-3.1-8b", "mistral-7b-v0.1")}
     first, other = engines["llama-3.1-8b"], engines["mistral-7b-v0.1"]
     first.add_request("a", prompt, max_tokens=1, arrival_s=0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefix_index import POOL_ID, BlockMatch, TierCapacity, pool_capacity, with_pool
+from prefix_index import KV_POOL_ID, BlockMatch, TierCapacity, kv_pool_capacity, with_kv_pool
 
 
 @pytest.mark.parametrize(("own", "pool", "expected"), [
@@ -16,13 +16,13 @@ from prefix_index import POOL_ID, BlockMatch, TierCapacity, pool_capacity, with_
 def test_each_backend_gets_the_pool_blocks_past_its_own_match(own, pool, expected) -> None:
     matches = {} if own is None else {"a": own}
     if pool is not None:
-        matches[POOL_ID] = pool
-    out = with_pool(matches, ["a"])
+        matches[KV_POOL_ID] = pool
+    out = with_kv_pool(matches, ["a"])
     assert out.get("a", BlockMatch(0, 0, 0)) == expected
-    assert POOL_ID not in out
+    assert KV_POOL_ID not in out
 
 
 def test_pool_capacity_counts_every_block_as_loaded_not_resident() -> None:
-    assert pool_capacity(1000e9, 64 * 327_680) == TierCapacity(0, 47_683)
+    assert kv_pool_capacity(1000e9, 64 * 327_680) == TierCapacity(0, 47_683)
     with pytest.raises(ValueError):
-        pool_capacity(1e9, 0)
+        kv_pool_capacity(1e9, 0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleet_config.catalog import default_catalog
-from router import kappa as k
-from router.cost import BackendSpec, RequestShape, pool_link_gb_s, predict
+from router import kappa
+from router.cost import BackendSpec, RequestShape, kv_pool_link_gb_s, predict
 from router.kappa import Regime
 
 CATALOG = default_catalog()
@@ -19,17 +19,17 @@ def spec(hw: str = "h100-sxm", **kw: object) -> BackendSpec:
 
 def test_backend_spec_derives_kappa_crit_from_the_kappa_model() -> None:
     backend = spec()
-    assert backend.kappa_crit == pytest.approx(k.kappa_crit(LLAMA_70B, backend.kappa_hw))
-    assert backend.kappa_hw == pytest.approx(k.kappa_hw(4 * 15e9, 4 * 989e12 * 0.45))
+    assert backend.kappa_crit_linear == pytest.approx(kappa.kappa_crit(LLAMA_70B, backend.kappa_hw))
+    assert backend.kappa_hw == pytest.approx(kappa.kappa_hw(4 * 15e9, 4 * 989e12 * 0.45))
 
 
 def test_regime_flips_at_kappa_crit_of_the_request() -> None:
     backend, new = spec(), 512
-    crit = k.kappa_crit(LLAMA_70B, backend.kappa_hw, new_tokens=new)
+    crit = kappa.kappa_crit(LLAMA_70B, backend.kappa_hw, uncached_prompt_tokens=new)
     below = predict(RequestShape(0, 0.99 * crit * new, new, 1), backend)
     above = predict(RequestShape(0, 1.01 * crit * new, new, 1), backend)
     assert (below.regime, above.regime) == (Regime.COMPUTE, Regime.TRANSFER)
-    assert below.kappa_crit == pytest.approx(crit)
+    assert below.kappa_crossover == pytest.approx(crit)
 
 
 def test_hbm_resident_kv_is_not_loaded() -> None:
@@ -62,7 +62,7 @@ def test_power_cap_slows_compute_lowers_power_and_raises_kappa_crit() -> None:
     shape = RequestShape(0, 0, 8_000, 1)
     assert predict(shape, capped).t_compute_s > predict(shape, full).t_compute_s
     assert capped.max_power_w == 4 * 400
-    assert capped.kappa_crit > full.kappa_crit
+    assert capped.kappa_crit_linear > full.kappa_crit_linear
 
 
 def test_transfer_bound_prefill_draws_less_power() -> None:
@@ -94,8 +94,8 @@ def test_tensor_parallel_must_be_positive() -> None:
 
 def test_pool_tokens_load_at_the_pool_link_and_host_tokens_at_the_host_link() -> None:
     """H100×4: host link 4 × 15 GB/s; a pool link of 40 GB/s. Llama-3.1-70B B_kv = 327,680 B/token."""
-    backend = spec(pool_link_gb_s=40)
-    est = predict(RequestShape(0, 2_000, 100, 1, cached_pool_tokens=30_000), backend)
+    backend = spec(kv_pool_link_gb_s=40)
+    est = predict(RequestShape(0, 2_000, 100, 1, cached_kv_pool_tokens=30_000), backend)
     assert est.t_load_s == pytest.approx(2_000 * 327_680 / 60e9 + 30_000 * 327_680 / 40e9)
     assert est.load_bytes == pytest.approx(32_000 * 327_680)
     assert est.kappa_ratio == 320  # κ_ratio counts every cached token, pool included
@@ -103,10 +103,10 @@ def test_pool_tokens_load_at_the_pool_link_and_host_tokens_at_the_host_link() ->
 
 
 def test_pool_tokens_on_a_backend_without_a_pool_link_are_refused() -> None:
-    with pytest.raises(ValueError, match="pool_link_gb_s"):
-        predict(RequestShape(0, 0, 100, 1, cached_pool_tokens=1_000), spec())
-    with pytest.raises(ValueError, match="pool_link_gb_s must be > 0"):
-        spec(pool_link_gb_s=0)
+    with pytest.raises(ValueError, match="kv_pool_link_gb_s"):
+        predict(RequestShape(0, 0, 100, 1, cached_kv_pool_tokens=1_000), spec())
+    with pytest.raises(ValueError, match="kv_pool_link_gb_s must be > 0"):
+        spec(kv_pool_link_gb_s=0)
 
 
 @pytest.mark.parametrize(("hw", "tp", "host_link", "expected"), [
@@ -117,14 +117,14 @@ def test_pool_tokens_on_a_backend_without_a_pool_link_are_refused() -> None:
 ])
 def test_pool_link_is_the_slower_of_network_and_host_link_per_gpu(hw: str, tp: int, host_link: float | None,
                                                                     expected: float) -> None:
-    assert pool_link_gb_s(CATALOG.hw(hw), tp, link_gb_s_per_gpu=25.0, host_link_gb_s=host_link) == expected
+    assert kv_pool_link_gb_s(CATALOG.hw(hw), tp, link_gb_s_per_gpu=25.0, host_link_gb_s=host_link) == expected
 
 
 def test_kappa_crit_of_a_pool_load_is_at_the_pool_link_so_it_agrees_with_the_regime() -> None:
     """Found by a newcomer: on a GH200 (host link 1.2 TB/s, pool link 100 GB/s) a pool load was
     'transfer' while the reported κ_crit, at the host link, was larger than its K/T."""
-    gh200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("gh200"), tensor_parallel=4, pool_link_gb_s=100)
+    gh200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("gh200"), tensor_parallel=4, kv_pool_link_gb_s=100)
     for new in (27, 224, 2_000):
-        est = predict(RequestShape(0, 0, new, 1, cached_pool_tokens=7_090), gh200)
-        assert est.kappa_crit == pytest.approx(k.kappa_crit(LLAMA_70B, k.kappa_hw(100e9, gh200.c_eff_flops_per_s), new_tokens=new))
-        assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crit)
+        est = predict(RequestShape(0, 0, new, 1, cached_kv_pool_tokens=7_090), gh200)
+        assert est.kappa_crossover == pytest.approx(kappa.kappa_crit(LLAMA_70B, kappa.kappa_hw(100e9, gh200.c_eff_flops_per_s), uncached_prompt_tokens=new))
+        assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crossover)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router import kappa as k
+from router import kappa
 from router.errors import ProfileError
 from router.hf_config import model_profile_from_hf_config
 
@@ -62,7 +62,7 @@ MISTRAL_7B = {
 )
 def test_profile_from_config(config: dict, b_kv: int, total_b: float, active_b: float) -> None:
     profile = model_profile_from_hf_config("m", config)
-    assert k.b_kv_bytes(profile) == b_kv
+    assert kappa.b_kv_bytes(profile) == b_kv
     assert profile.total_params_billions == pytest.approx(total_b, rel=0.03)
     assert profile.active_params_billions == pytest.approx(active_b, rel=0.03)
 
@@ -70,7 +70,7 @@ def test_profile_from_config(config: dict, b_kv: int, total_b: float, active_b: 
 def test_sliding_window_layers_from_layer_types_and_from_window() -> None:
     gpt_oss = model_profile_from_hf_config("gpt-oss", GPT_OSS_20B)
     assert (gpt_oss.sliding_window_layers, gpt_oss.sliding_window_tokens) == (12, 128)
-    assert k.b_kv_full_attention_bytes(gpt_oss) == 24_576
+    assert kappa.b_kv_full_attention_bytes(gpt_oss) == 24_576
     mistral = model_profile_from_hf_config("mistral", MISTRAL_7B)
     assert (mistral.sliding_window_layers, mistral.sliding_window_tokens) == (32, 4096)
     assert model_profile_from_hf_config("qwen", QWEN3_235B).sliding_window_layers == 0
@@ -80,7 +80,7 @@ def test_quantised_weights_and_kv_dtype_override() -> None:
     deepseek = model_profile_from_hf_config("ds", DEEPSEEK_V3)
     assert deepseek.weight_dtype_bytes == 1
     fp8_kv = model_profile_from_hf_config("llama", LLAMA_31_8B, kv_dtype_bytes=1)
-    assert k.b_kv_bytes(fp8_kv) == 65_536
+    assert kappa.b_kv_bytes(fp8_kv) == 65_536
 
 
 def test_card_figures_override_estimates() -> None:

@@ -7,8 +7,7 @@ import math
 import pytest
 
 from fleet_config.catalog import default_catalog
-from router import kappa as k
-from router.kappa import Regime
+from router import kappa
 
 CATALOG = default_catalog()
 
@@ -28,11 +27,11 @@ B_KV_REFERENCE = {
 
 @pytest.mark.parametrize(("model", "expected"), B_KV_REFERENCE.items(), ids=list(B_KV_REFERENCE))
 def test_b_kv_is_exact(model: str, expected: int) -> None:
-    assert k.b_kv_bytes(CATALOG.model(model)) == expected
+    assert kappa.b_kv_bytes(CATALOG.model(model)) == expected
 
 
 def test_gpt_oss_full_attention_b_kv() -> None:
-    assert k.b_kv_full_attention_bytes(CATALOG.model("gpt-oss-20b")) == 24_576
+    assert kappa.b_kv_full_attention_bytes(CATALOG.model("gpt-oss-20b")) == 24_576
 
 
 # Paper values with κ_HW = 34e-6 (the paper's H100 hardware factor), linear F_pf = 2·N_active.
@@ -42,29 +41,29 @@ def test_gpt_oss_full_attention_b_kv() -> None:
     ids=["llama-3.1-70b", "qwen3-235b-a22b", "deepseek-v3"],
 )
 def test_kappa_crit_matches_paper_within_5_percent(model: str, paper_kappa_crit: float) -> None:
-    value = k.kappa_crit(CATALOG.model(model), 34e-6)
+    value = kappa.kappa_crit(CATALOG.model(model), 34e-6)
     assert value == pytest.approx(paper_kappa_crit, rel=0.05)
 
 
 def test_deepseek_is_about_4_6x_qwen3_235b() -> None:
-    ratio = k.kappa_crit(CATALOG.model("deepseek-v3"), 34e-6) / k.kappa_crit(CATALOG.model("qwen3-235b-a22b"), 34e-6)
+    ratio = kappa.kappa_crit(CATALOG.model("deepseek-v3"), 34e-6) / kappa.kappa_crit(CATALOG.model("qwen3-235b-a22b"), 34e-6)
     assert ratio == pytest.approx(4.6, rel=0.05)
 
 
 @pytest.mark.parametrize(
-    ("new_tokens", "expected"),
+    ("uncached_prompt_tokens", "expected"),
     [(128, 15.2), (512, 17.1), (1024, 20.5), (2048, 33.7)],
     ids=["T=128", "T=512", "T=1024", "T=2048"],
 )
-def test_attention_aware_kappa_crit_grows_with_t(new_tokens: int, expected: float) -> None:
-    value = k.kappa_crit(CATALOG.model("llama-3.1-70b"), 34e-6, new_tokens=new_tokens)
+def test_attention_aware_kappa_crit_grows_with_t(uncached_prompt_tokens: int, expected: float) -> None:
+    value = kappa.kappa_crit(CATALOG.model("llama-3.1-70b"), 34e-6, uncached_prompt_tokens=uncached_prompt_tokens)
     assert value == pytest.approx(expected, rel=0.01)
 
 
 def test_never_transfer_bound_above_t_3700() -> None:
     model = CATALOG.model("llama-3.1-70b")
-    assert math.isfinite(k.kappa_crit(model, 34e-6, new_tokens=3600))
-    assert math.isinf(k.kappa_crit(model, 34e-6, new_tokens=3700))
+    assert math.isfinite(kappa.kappa_crit(model, 34e-6, uncached_prompt_tokens=3600))
+    assert math.isinf(kappa.kappa_crit(model, 34e-6, uncached_prompt_tokens=3700))
 
 
 def test_attention_kappa_crit_is_the_crossover_of_load_and_compute() -> None:
@@ -72,49 +71,39 @@ def test_attention_kappa_crit_is_the_crossover_of_load_and_compute() -> None:
     model, kappa_hw_value, new = CATALOG.model("llama-3.1-70b"), 34e-6, 1024
     c_eff = 1e15
     link = kappa_hw_value * c_eff
-    cached = k.kappa_crit(model, kappa_hw_value, new_tokens=new) * new
-    t_load = k.kv_bytes(model, cached) / link
-    t_compute = k.prefill_flops(model, cached, new) / c_eff
+    cached = kappa.kappa_crit(model, kappa_hw_value, uncached_prompt_tokens=new) * new
+    t_load = kappa.kv_bytes(model, cached) / link
+    t_compute = kappa.prefill_flops(model, cached, new) / c_eff
     assert t_load == pytest.approx(t_compute, rel=1e-9)
 
 
 def test_kappa_hw_of_b200_profile_is_near_paper() -> None:
     hw = CATALOG.hw("b200")
-    value = k.kappa_hw(hw.host_link_sustained_bytes_per_s, k.c_eff_flops_per_s(hw))
+    value = kappa.kappa_hw(hw.host_link_sustained_bytes_per_s, kappa.c_eff_flops_per_s(hw))
     assert value == pytest.approx(13.5e-6, rel=0.15)
 
 
 def test_h100_profile_reproduces_paper_hardware_factor() -> None:
     hw = CATALOG.hw("h100-sxm")
-    assert k.kappa_hw(hw.host_link_sustained_bytes_per_s, k.c_eff_flops_per_s(hw)) == pytest.approx(34e-6, rel=0.02)
-
-
-@pytest.mark.parametrize(
-    ("cached_host", "new", "crit", "expected"),
-    [(0, 100, 1.0, Regime.COMPUTE), (200, 100, 1.0, Regime.TRANSFER), (100, 100, 1.0, Regime.COMPUTE),
-     (5, 0, 4.0, Regime.TRANSFER), (10, 1, math.inf, Regime.COMPUTE)],
-    ids=["no-cache", "above", "at-crit-is-compute", "zero-new-counts-as-one", "never"],
-)
-def test_regime(cached_host: float, new: float, crit: float, expected: Regime) -> None:
-    assert k.regime(cached_host, new, crit) is expected
+    assert kappa.kappa_hw(hw.host_link_sustained_bytes_per_s, kappa.c_eff_flops_per_s(hw)) == pytest.approx(34e-6, rel=0.02)
 
 
 def test_kappa_ratio_guards_zero_new_tokens() -> None:
-    assert k.kappa_ratio(65_000, 32) == pytest.approx(2031.25)
-    assert k.kappa_ratio(10, 0) == 10
+    assert kappa.kappa_ratio(65_000, 32) == pytest.approx(2031.25)
+    assert kappa.kappa_ratio(10, 0) == 10
 
 
 def test_sliding_window_kv_bytes_cap_at_window() -> None:
     model = CATALOG.model("gpt-oss-20b")
-    assert k.kv_bytes(model, 100) == 100 * 49_152
-    assert k.kv_bytes(model, 10_000) == 10_000 * 24_576 + 128 * 24_576
+    assert kappa.kv_bytes(model, 100) == 100 * 49_152
+    assert kappa.kv_bytes(model, 10_000) == 10_000 * 24_576 + 128 * 24_576
     mistral = CATALOG.model("mistral-7b-v0.1")
-    assert k.kv_bytes(mistral, 8192) == 4096 * 131_072
+    assert kappa.kv_bytes(mistral, 8192) == 4096 * 131_072
 
 
 def test_kappa_hw_rejects_nonpositive() -> None:
     with pytest.raises(ValueError, match="positive"):
-        k.kappa_hw(0, 1e15)
+        kappa.kappa_hw(0, 1e15)
 
 
 def test_memoised_model_constants_follow_the_profile_not_its_name() -> None:
@@ -122,7 +111,7 @@ def test_memoised_model_constants_follow_the_profile_not_its_name() -> None:
     # name) must get its own figures, not the original's.
     llama = default_catalog().model("llama-3.1-70b")
     half = llama.model_copy(update={"num_layers": 40})
-    assert k.b_kv_bytes(llama) == 327_680
-    assert k.b_kv_bytes(half) == 163_840
-    assert k.attention_flops_coefficient(half) == k.attention_flops_coefficient(llama) / 2
-    assert k.b_kv_bytes(llama) == 327_680
+    assert kappa.b_kv_bytes(llama) == 327_680
+    assert kappa.b_kv_bytes(half) == 163_840
+    assert kappa.attention_flops_coefficient(half) == kappa.attention_flops_coefficient(llama) / 2
+    assert kappa.b_kv_bytes(llama) == 327_680

@@ -96,7 +96,7 @@ def test_candidates_cap_hits_at_prompt_minus_one_and_split_tiers() -> None:
     views = [view("a", hbm_blocks=10, host_blocks=10, matched_blocks=20)]
     decision = decide(build_policy("kappa"), features(1_280), views, random.Random(0))
     c = decision.chosen
-    assert (c.cached_hbm_tokens, c.cached_host_tokens, c.new_tokens) == (640, 639, 1)
+    assert (c.cached_hbm_tokens, c.cached_host_tokens, c.uncached_prompt_tokens) == (640, 639, 1)
     assert c.estimate.kappa_ratio == 1_279
 
 

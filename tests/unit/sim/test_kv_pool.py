@@ -19,9 +19,9 @@ B_KV = 131_072  # Llama-3.1-8B: 2 · 32 layers · 8 KV heads · 128 · 2 bytes p
 
 def fleet(pool_gb: float | None) -> Fleet:
     link = None if pool_gb is None else 20.0
-    spec = BackendSpec(model=CATALOG.model(MODEL), hardware=CATALOG.hw("h100-sxm"), pool_link_gb_s=link)
+    spec = BackendSpec(model=CATALOG.model(MODEL), hardware=CATALOG.hw("h100-sxm"), kv_pool_link_gb_s=link)
     return Fleet((SimBackend("a", MODEL, spec), SimBackend("b", MODEL, spec)),
-                 pool_bytes=None if pool_gb is None else pool_gb * 1e9)
+                 kv_pool_bytes=None if pool_gb is None else pool_gb * 1e9)
 
 
 def run(pool_gb: float | None):
@@ -40,11 +40,11 @@ def test_a_prefix_prefilled_on_one_backend_is_loaded_from_the_pool_on_another() 
     first, second = result.records
     assert first.backend_id != second.backend_id
     # vLLM hits are whole 16-token blocks, capped at prompt − 1: 1,249 blocks of 20,000 tokens.
-    assert (second.cached_tokens, second.cached_pool_tokens, second.cached_host_tokens) == (19_984, 19_984, 0)
+    assert (second.cached_tokens, second.cached_kv_pool_tokens, second.cached_host_tokens) == (19_984, 19_984, 0)
     view = next(v for v in events[1].views if v.backend_id == second.backend_id)
-    assert view.pool_blocks > 0 and view.hbm_blocks == view.host_blocks == 0  # the router saw it in the pool
+    assert view.kv_pool_blocks > 0 and view.hbm_blocks == view.host_blocks == 0  # the router saw it in the pool
     chosen = events[1].decision.chosen
-    assert chosen.cached_pool_tokens > 0 and chosen.new_tokens < 1_000
+    assert chosen.cached_kv_pool_tokens > 0 and chosen.uncached_prompt_tokens < 1_000
     # Its prefill is the load of 19,984 tokens' KV over the 20 GB/s pool link (and 16 tokens of compute).
     assert second.ttft_s == pytest.approx(19_984 * B_KV / 20e9, rel=0.05)
     assert second.ttft_s < first.ttft_s
@@ -53,5 +53,5 @@ def test_a_prefix_prefilled_on_one_backend_is_loaded_from_the_pool_on_another() 
 def test_without_a_pool_the_other_backend_prefills_it_again() -> None:
     result, events = run(pool_gb=None)
     second = result.records[1]
-    assert (second.cached_tokens, second.cached_pool_tokens) == (0, 0)
-    assert all(v.pool_blocks == 0 for v in events[1].views)
+    assert (second.cached_tokens, second.cached_kv_pool_tokens) == (0, 0)
+    assert all(v.kv_pool_blocks == 0 for v in events[1].views)

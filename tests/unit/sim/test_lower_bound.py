@@ -34,7 +34,7 @@ def test_bound_is_the_best_backends_empty_prefill_with_the_shared_prefix_in_hbm(
     bounds = lower_bound_ttfts(trace, backends)
 
     def best(cached: int, new: int) -> float:
-        shape = RequestShape(cached_hbm_tokens=cached, cached_host_tokens=0, new_tokens=new, output_tokens=1)
+        shape = RequestShape(cached_hbm_tokens=cached, cached_host_tokens=0, uncached_prompt_tokens=new, output_tokens=1)
         return min(predict(shape, H100).ttft_s, predict(shape, B200).ttft_s)
 
     assert bounds == [best(0, 4_096), best(2_048, 952), best(1_023, 1)]

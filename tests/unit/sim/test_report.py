@@ -42,7 +42,7 @@ def test_report_on_a_hand_made_run() -> None:
     assert report["host_hit_ratio"] == pytest.approx(1200 / 8000)
     assert report["regime_share"] == {"compute": 0.75, "transfer": 0.25}
     dense, link = report["backends"]
-    assert report["high_kappa_threshold"] == pytest.approx(DENSE.spec.kappa_crit)
+    assert report["high_kappa_threshold"] == pytest.approx(DENSE.spec.kappa_crit_linear)
     assert (dense["requests"], link["requests"]) == (2, 2)
     # only κ_ratio 19 > 6.4: half of link's requests, all of the run's high-κ ones
     assert (dense["high_kappa_share"], link["high_kappa_share"]) == (0.0, 0.5)
