@@ -69,11 +69,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.commands.processes import free_port, stop_processes
 
 from fleet_config.catalog import default_catalog
+from prefix_index import BYTES_PER_TOKEN_ESTIMATE
 from fleet_config.settings import parse_settings
 
 BENCH_DIR = Path(__file__).resolve().parent
 MODEL, HARDWARE, N_BACKENDS = "llama-3.1-8b", "h100-sxm", 8
-BYTES_PER_TOKEN_ESTIMATE = 4
 SIZES_TOKENS = {"1k": 1_024, "8k": 8_192, "128k": 131_072}
 PROMPTS_PER_SIZE, PROMPT_GROUPS, SHARED_PREFIX_RATIO = 16, 4, 0.5
 MAX_TOKENS = 16
@@ -93,7 +93,7 @@ def make_bodies(size: str, stream: bool) -> list[bytes]:
     def text(n_bytes: int) -> str:
         return " ".join(rnd.choices(vocab, k=max(n_bytes * 2 // 11, 1)))  # 4.5 letters + a space a word
 
-    n_bytes = SIZES_TOKENS[size] * BYTES_PER_TOKEN_ESTIMATE
+    n_bytes = int(SIZES_TOKENS[size] * BYTES_PER_TOKEN_ESTIMATE)
     shared = [text(int(n_bytes * SHARED_PREFIX_RATIO)) for _ in range(PROMPT_GROUPS)]
     bodies = []
     for i in range(PROMPTS_PER_SIZE):
@@ -159,7 +159,7 @@ def wait_ready(port: int, path: str, procs: Processes, name: str) -> None:
 
 
 def gateway_config(stub_ports: list[int], port: int, redis_url: str | None, key_prefix: str) -> dict:
-    index: dict[str, Any] = {"backend": "memory", "block_size_tokens": 64, "bytes_per_token": 4.0}
+    index: dict[str, Any] = {"backend": "memory"}
     if redis_url:
         index.update(backend="redis", redis_url=redis_url, key_prefix=key_prefix)
     doc = {"gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 2.0, "scrape_interval_s": 1.0},

@@ -22,7 +22,8 @@ import socket
 
 import uvicorn
 
-BYTES_PER_TOKEN_ESTIMATE = 4  # the bench's prompts are ~4 bytes of text per token
+from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE  # the bench's prompts are ~this many bytes per token
+
 STREAM_MARK = b'"stream":true'
 STREAM_MARK_WINDOW_BYTES = 64  # the load generator writes "stream" as the body's first key
 CONTENT_EVENTS = 3
@@ -42,7 +43,7 @@ _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")
 
 
 def _usage(body_bytes: int) -> dict:
-    prompt = max(body_bytes // BYTES_PER_TOKEN_ESTIMATE, 1)
+    prompt = max(int(body_bytes // BYTES_PER_TOKEN_ESTIMATE), 1)
     return {"prompt_tokens": prompt, "completion_tokens": CONTENT_EVENTS, "total_tokens": prompt + CONTENT_EVENTS,
             "prompt_tokens_details": {"cached_tokens": 0}}
 

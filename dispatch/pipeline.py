@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import random
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -114,21 +113,27 @@ class Dispatcher:
         kv_pool_bytes: capacity of the KV pool the backends share, bytes (``None``: none).
         hooks: index health and timing reports (``None``: nothing is reported or timed, and
             index errors propagate).
-        clock: monotonic seconds, read only to time calls for ``hooks``.
+        clock: monotonic seconds, read only to time calls for ``hooks`` (required with them).
         gather: awaits several index calls at once. Live, ``asyncio.gather``, so that a Redis
             index sends a backend's record and the pool's in one round trip; the default
             awaits them in turn, which is what the simulator's loop-free driver needs.
+
+    Raises:
+        ValueError: ``hooks`` without a ``clock``.
     """
 
     def __init__(self, index: PrefixIndex, policy: Policy, rng: random.Random, calibration: BytesPerToken, *,
                  block_size_bytes: int, kv_pool_bytes: float | None = None, hooks: DispatchHooks | None = None,
-                 clock: Callable[[], float] = time.perf_counter,
+                 clock: Callable[[], float] | None = None,
                  gather: Callable[..., Awaitable[Any]] | None = None) -> None:
+        if hooks is not None and clock is None:
+            raise ValueError("hooks need a clock to time the calls they report")
         self.index, self.policy, self.rng, self.calibration = index, policy, rng, calibration
         self.gather = gather or _in_turn
         self.block_size_bytes = block_size_bytes
         self.kv_pool_bytes = kv_pool_bytes
-        self.hooks, self.clock = hooks, clock
+        self.hooks = hooks
+        self.clock: Callable[[], float] = clock or _no_clock
         self.pending = PendingChains()  # chains of the requests in flight, by backend
         self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
 
@@ -263,6 +268,10 @@ class Dispatcher:
         """Fold a response's ``usage.prompt_tokens`` into the bytes/token calibration; False if
         the sample was implausible and ignored (`router.calibration.BytesPerToken.observe`)."""
         return self.calibration.observe(model, prompt_bytes, prompt_tokens)
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 async def _in_turn(*calls: Awaitable[Any]) -> list[Any]:

@@ -186,7 +186,7 @@ class Coalescer:
             args.append(m.packed)
         self.batches_sent += 1
         self.calls_sent += len(records) + len(matches)
-        calls = [*records, *matches]
+        calls: list[_Record | _Match] = [*records, *matches]
         try:
             async with asyncio.timeout(self._timeout_s):
                 flat = await self._script(keys=[clock_key, *key_ids], args=args)

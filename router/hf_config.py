@@ -89,7 +89,7 @@ def model_profile_from_hf_config(
         "sliding_window_layers": sw_layers,
         "vocab_size": vocab,
         "kv_dtype_bytes": kv_dtype_bytes if kv_dtype_bytes is not None else dtype_bytes,
-        "weight_dtype_bytes": _QUANT_WEIGHT_BYTES.get(quant, dtype_bytes),
+        "weight_dtype_bytes": _QUANT_WEIGHT_BYTES.get(quant, dtype_bytes) if isinstance(quant, str) else dtype_bytes,
         "active_params_billions": active_params_billions or active / BILLION,
         "total_params_billions": total_params_billions or total / BILLION,
         "max_model_len_tokens": int(cfg.get("max_position_embeddings") or 131072),

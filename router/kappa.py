@@ -76,7 +76,7 @@ def b_kv_full_attention_bytes(model: ModelProfile) -> float:
 
 
 def _b_kv_of(model: ModelProfile) -> float:
-    if model.is_mla:
+    if model.kv_lora_rank is not None and model.qk_rope_head_dim is not None:  # MLA (both set, or neither)
         return model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * model.kv_dtype_bytes
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.kv_dtype_bytes
 

@@ -35,7 +35,9 @@ from prefix_index import block_hashes, chain_seed, chat_canonical_bytes
 from sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 TEXT_BYTES_PER_TOKEN = 4
-"""Bytes of gateway text per engine token (a `" abc"` word), as `sim.traces.prompt_text`."""
+"""Bytes of gateway text per engine token in this synthetic text (one `" abc"` word per token, as
+`sim.traces.prompt_text` writes): a property of the format, not an estimate (the gateway's
+estimate is `prefix_index.BYTES_PER_TOKEN_ESTIMATE`, calibrated online)."""
 
 _LETTERS = b"abcdefghijklmnopqrstuvwxyz"
 _TO_LETTERS = bytes.maketrans(bytes(range(256)), bytes(_LETTERS[i % 26] for i in range(256)))

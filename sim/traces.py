@@ -32,9 +32,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from prefix_index import BYTES_PER_TOKEN_ESTIMATE
+
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake hash block (FAST25-release/README.md)."""
-CHARS_PER_TOKEN_ESTIMATE = 4.0
 """ShareGPT has text, not token counts: ≈ 4 characters per token for English (GPT/Llama BPE)."""
 DEFAULT_SHAREGPT_RATE_RPS = 1.0
 """Synthetic arrival rate for ShareGPT, requests per second."""
@@ -175,7 +176,7 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[TraceRequest]
 
 
 def _estimate_tokens(text: str) -> int:
-    return max(1, round(len(text) / CHARS_PER_TOKEN_ESTIMATE))
+    return max(1, round(len(text.encode()) / BYTES_PER_TOKEN_ESTIMATE))
 
 
 def load_sharegpt(path: str | Path, limit: int | None = None, rate_rps: float = DEFAULT_SHAREGPT_RATE_RPS,
@@ -184,7 +185,7 @@ def load_sharegpt(path: str | Path, limit: int | None = None, rate_rps: float = 
 
     Arrivals are a Poisson process at ``rate_rps``; conversations are interleaved at random
     (seeded) while each one's turns keep their order. ``output_tokens`` is the next answer's
-    length / `CHARS_PER_TOKEN_ESTIMATE` (min 1), ``input_tokens`` the history's estimate.
+    UTF-8 length / `prefix_index.BYTES_PER_TOKEN_ESTIMATE` (min 1), ``input_tokens`` the history's estimate.
 
     Args:
         path: a JSON list of ``{"id", "conversations": [{"from", "value"}]}``.

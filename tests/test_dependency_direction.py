@@ -9,19 +9,38 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"gateway", "router", "prefix_index", "mock_vllm", "sim", "bench", "tests"}
+OURS = {"gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "bench", "tests"}
+IO_LIBRARIES = {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette", "prometheus_client", "uvicorn",
+                "socket", "subprocess"}
 
-# package -> top-level modules it must never import (ours and foreign I/O libraries).
+# Who may import whom (DESIGN.md §2, README "Architecture"):
+#   router        the decision: stdlib and pydantic only, no I/O, no clock
+#   prefix_index  canonical bytes, hashing, the index: stdlib, xxhash (redis in its Redis modules)
+#   dispatch      the one pipeline (gateway and simulator): router, prefix_index; no I/O, no clock
+#   fleet_config  the config schema and files: router, prefix_index (its defaults)
+#   mock_vllm     the mock backend: router, fleet_config (it is built from a backend entry)
+#   sim           the simulator: router, prefix_index, dispatch, fleet_config, mock_vllm
+#   gateway       the HTTP edge: router, prefix_index, dispatch, fleet_config; never sim or mock_vllm
+#   gateway/commands  the CLI and offline tools: everything
+# package (a folder, or a folder minus sub-folders listed on their own) -> modules it must never import.
 FORBIDDEN = {
-    "router": OURS - {"router"} | {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette",
-                                    "prometheus_client", "uvicorn", "socket", "subprocess", "xxhash"},
-    "prefix_index": {"gateway", "router", "mock_vllm", "sim", "bench", "tests", "httpx", "fastapi"},
-    "mock_vllm": {"gateway", "prefix_index", "sim", "bench", "tests"},
+    "router": OURS - {"router"} | IO_LIBRARIES | {"xxhash"},
+    "prefix_index": {"gateway", "router", "dispatch", "fleet_config", "mock_vllm", "sim", "bench", "tests", "httpx",
+                     "fastapi"},
+    "dispatch": OURS - {"dispatch", "router", "prefix_index"} | IO_LIBRARIES,
+    "fleet_config": OURS - {"fleet_config", "router", "prefix_index"} | IO_LIBRARIES,
+    "mock_vllm": OURS - {"mock_vllm", "router", "fleet_config"},
     "sim": {"gateway", "bench", "tests"},
+    "gateway": {"sim", "mock_vllm", "bench", "tests"},
     "tests/support": OURS - {"tests"},
 }
+# The edge may not reach into the command room either (checked on dotted names).
+EDGE_MAY_NOT_IMPORT = ("gateway.commands",)
+SUB_ROOMS = {"gateway": ["gateway/commands", "gateway/__main__.py"]}  # the command room (and `python -m gateway`, its entry)
 # Only the Redis implementation's modules of prefix_index may import redis.
 REDIS_ALLOWED = {"prefix_index/redis_index.py", "prefix_index/redis_batch.py"}
+# Rooms that read no clock: time comes in as an argument (an injected clock at most).
+NO_CLOCK = ("router", "dispatch")
 
 
 def imported_top_levels(path: Path) -> set[str]:
@@ -36,7 +55,20 @@ def imported_top_levels(path: Path) -> set[str]:
 
 
 def python_files(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+    excluded = [ROOT / sub for sub in SUB_ROOMS.get(package, [])]
+    return sorted(p for p in (ROOT / package).rglob("*.py") if not any(p.is_relative_to(e) for e in excluded))
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of every absolute import (``from a.b import c`` gives ``a.b`` and ``a.b.c``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
 
 
 @pytest.mark.parametrize("package", list(FORBIDDEN), ids=list(FORBIDDEN))
@@ -48,6 +80,8 @@ def test_package_imports_only_what_design_allows(package: str) -> None:
         if package == "prefix_index" and rel not in REDIS_ALLOWED:
             forbidden = forbidden | {"redis"}
         bad = imported_top_levels(path) & forbidden
+        if package == "gateway":
+            bad |= {m for m in imported_modules(path) if m.startswith(EDGE_MAY_NOT_IMPORT)}
         if bad:
             violations.append(f"{rel} imports {sorted(bad)}")
     assert not violations, "DESIGN.md §2 dependency direction broken:\n" + "\n".join(violations)
@@ -65,18 +99,25 @@ def test_prefix_index_imports_only_stdlib_and_xxhash() -> None:
     assert not violations, "\n".join(violations)
 
 
-def test_router_reads_no_clock() -> None:
+@pytest.mark.parametrize("package", NO_CLOCK)
+def test_pure_rooms_read_no_clock(package: str) -> None:
     clock_calls = []
-    for path in python_files("router"):
+    for path in python_files(package):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "time"
                     and node.attr in {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns"}):
                 clock_calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not clock_calls, f"router/ reads the clock (pass now_s in): {clock_calls}"
+    assert not clock_calls, f"{package}/ reads the clock (pass now_s or a clock in): {clock_calls}"
 
 
 def test_checker_sees_a_violation(tmp_path: Path) -> None:
     """The check itself can fail: a file importing gateway is caught."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from gateway.app import create_app\nimport redis.asyncio\n")
+    bad.write_text("from gateway.app import create_app\nimport redis.asyncio\nfrom gateway.commands import cli\n")
     assert imported_top_levels(bad) == {"gateway", "redis"}
+    assert "gateway.commands.cli" in imported_modules(bad)
+
+
+def test_the_edge_excludes_the_command_room() -> None:
+    edge = {p.relative_to(ROOT).as_posix() for p in python_files("gateway")}
+    assert "gateway/proxy.py" in edge and not any(p.startswith("gateway/commands/") for p in edge)
