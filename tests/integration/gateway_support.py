@@ -62,12 +62,14 @@ def backend_doc(bid: str, url: str, hardware: str = "h100-sxm", model: str = MOC
 
 
 @contextmanager
-def run_gateway(backends: list[dict], **sections: dict) -> Iterator[Gateway]:
-    """A real uvicorn gateway over ``backends``; fast health checks and scrapes for tests."""
+def run_gateway(backends: list[dict], *, clock: Callable[[], float] | None = None,
+                **sections: dict) -> Iterator[Gateway]:
+    """A real uvicorn gateway over ``backends``; fast health checks and scrapes for tests.
+    ``clock`` replaces its monotonic clock (TTFT, ITL, E2E and decision timing)."""
     gateway = {"health_interval_s": 0.05, "scrape_interval_s": 0.05, **sections.pop("gateway", {})}
     doc = {"gateway": gateway, "backends": backends, **sections}
     settings = parse_settings(doc, default_catalog(), env={})
-    app = create_app(settings, registry=CollectorRegistry())
+    app = create_app(settings, registry=CollectorRegistry(), **({"clock": clock} if clock is not None else {}))
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         yield Gateway(url, app, http)
 
@@ -87,10 +89,16 @@ def run_mocks(n: int, *, time_scale: float = 0.001, host_tier_gb: float = 16.0, 
         yield urls
 
 
+# A fake's scripted hang never ends on its own: at teardown uvicorn cancels it after this long
+# (its default here, 2 s, was most of the hung-upstream tests' run time).
+FAKE_GRACEFUL_SHUTDOWN_S = 0.05
+
+
 @contextmanager
 def run_fakes(scripts: list[Script]) -> Iterator[list[str]]:
     with ExitStack() as stack:
-        yield [stack.enter_context(serve_in_thread(make_app(s))) for s in scripts]
+        yield [stack.enter_context(serve_in_thread(make_app(s), graceful_shutdown_s=FAKE_GRACEFUL_SHUTDOWN_S))
+               for s in scripts]
 
 
 @contextmanager

@@ -131,8 +131,17 @@ def test_gateway_starts_and_serves_with_redis_unreachable() -> None:
         assert gw.metric("gateway_index_errors_total", op="match") == 1
 
 
-def test_backend_restart_makes_the_index_forget_it() -> None:
-    script = Script()
+def _new_start_time(script: Script) -> None:
+    script.process_start_time_s += 60
+
+
+def _counter_backwards(script: Script) -> None:  # restarted within a second: same start time, fresh counters
+    script.prefix_cache_queries_tokens = 0.0
+
+
+@pytest.mark.parametrize("restart", [_new_start_time, _counter_backwards], ids=["start-time", "counter-backwards"])
+def test_backend_restart_makes_the_index_forget_it(restart) -> None:
+    script = Script(prefix_cache_queries_tokens=50_000.0)
     with run_fakes([script]) as urls, run_gateway([backend_doc("a", urls[0])]) as gw:
         body = {"model": MOCK_MODEL, "prompt": "restart me " * 300, "max_tokens": 1}
         assert gw.http.post("/v1/completions", json=body).status_code == 200
@@ -140,7 +149,7 @@ def test_backend_restart_makes_the_index_forget_it() -> None:
         def cached() -> int:
             return gw.http.post("/v1/kappa/route", json=body).json()["candidates"][0]["cached_hbm_tokens"]
         poll(lambda: cached() > 0, "the index to record the prompt")
-        script.process_start_time_s += 60  # the backend "restarted"
+        restart(script)  # the backend "restarted"
         poll(lambda: cached() == 0, "the index to forget the restarted backend")
 
 

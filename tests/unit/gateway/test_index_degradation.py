@@ -9,20 +9,13 @@ stands for Redis, the code under test is RoutingService.
 from __future__ import annotations
 
 import logging
-import random
 
-import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
 
-from fleet_config.catalog import default_catalog
-from gateway.backends import BackendSet, BackendState
-from gateway.routing import INDEX_WARNING_INTERVAL_S, RoutingService
-from fleet_config.settings import parse_settings
-from gateway.telemetry import Telemetry
+from fleet_config import default_catalog, parse_settings
+from gateway.routing import INDEX_WARNING_INTERVAL_S
 from prefix_index import IndexUnavailable, MemoryPrefixIndex
-from router.calibration import BytesPerToken
-from router.policies import build_policy
+from tests.unit.gateway.routing_support import routing_service
 
 BODY = b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "' + b"hello " * 200 + b'"}]}'
 
@@ -43,28 +36,16 @@ class FlappingIndex(MemoryPrefixIndex):
 
 @pytest.fixture
 async def service_and_clock():
-    catalog = default_catalog()
     doc = {"backends": [{"id": "a", "url": "http://127.0.0.1:9", "model": "llama-3.1-8b", "hardware": "h100-sxm"}]}
-    settings = parse_settings(doc, catalog, env={})
-    telemetry = Telemetry(CollectorRegistry())
-    states = [BackendState.of(b, settings.backend_spec(catalog, b), healthy=True) for b in settings.backends]
+    settings = parse_settings(doc, default_catalog(), env={})
     now = [0.0]
-    async with aiohttp.ClientSession() as session:
-        async def forget(backend_id: str) -> None:
-            return None
-
-        backends = BackendSet(states, session, telemetry, on_restart=forget, health_interval_s=1, scrape_interval_s=1)
-
-        def make(index: MemoryPrefixIndex) -> RoutingService:
-            return RoutingService(settings, backends, index, build_policy("kappa", {}), telemetry,
-                                  BytesPerToken(default=4.0), random.Random(0), clock=lambda: now[0])
-        yield make, now
+    index = FlappingIndex(failing=set(range(1, 41, 2)))  # calls 1, 3, ..., 39 fail
+    async with routing_service(settings, index=index, clock=lambda: now[0]) as routing:
+        yield routing, index, now
 
 
 async def test_an_index_failing_by_turns_warns_once_per_interval(service_and_clock, caplog) -> None:
-    make, now = service_and_clock
-    index = FlappingIndex(failing=set(range(1, 41, 2)))  # calls 1, 3, ..., 39 fail
-    routing = make(index)
+    routing, index, now = service_and_clock
     parsed = routing.parse("chat", BODY)
     caplog.set_level(logging.WARNING, logger="kappa_gateway.routing")
     for _ in range(40):

@@ -128,3 +128,17 @@ def test_kappa_crit_of_a_pool_load_is_at_the_pool_link_so_it_agrees_with_the_reg
         est = predict(RequestShape(0, 0, new, 1, cached_kv_pool_tokens=7_090), gh200)
         assert est.kappa_crossover == pytest.approx(kappa.kappa_crit(LLAMA_70B, kappa.kappa_hw(100e9, gh200.c_eff_flops_per_s), uncached_prompt_tokens=new))
         assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crossover)
+
+
+def test_decode_reads_the_active_weights_and_the_kv_of_the_mean_context() -> None:
+    """Each decode step reads the active weights and the KV of the context at the middle of the
+    generation: prompt + output/2 tokens. Llama-3.1-8B (8.03e9 params × 2 B) on one H100 SXM
+    (3.35 TB/s), a 10,000-token prompt and 1,000 output tokens: context 10,500 tokens."""
+    backend = BackendSpec(model=CATALOG.model("llama-3.1-8b"), hardware=CATALOG.hw("h100-sxm"))
+    est = predict(RequestShape(0, 0, 10_000, 1_000), backend)
+    step = (8.03e9 * 2 + 10_500 * 131_072) / 3.35e12  # 5.205 ms
+    assert est.decode_step_s == pytest.approx(step, rel=1e-9)
+    assert est.decode_step_s == pytest.approx(5.2046e-3, rel=1e-4)
+    assert est.e2e_s == pytest.approx(est.ttft_s + 999 * step, rel=1e-9)
+    longer = predict(RequestShape(0, 0, 10_000, 3_000), backend)  # a longer answer reads more KV per step
+    assert longer.decode_step_s == pytest.approx((8.03e9 * 2 + 11_500 * 131_072) / 3.35e12, rel=1e-9)

@@ -190,3 +190,24 @@ def test_backends_too_small_for_the_request_are_left_out_unless_none_fits() -> N
     both_small = [small, view("small2", kv_capacity_bytes=1e9)]
     ranked = decide(build_policy("round-robin"), features(20_000), both_small, random.Random(0)).ranked
     assert len(ranked) == 2
+
+
+# -- kappa: energy breaks near-ties ----------------------------------------------------------
+H100 = BackendSpec(model=MODEL, hardware=CATALOG.hw("h100-sxm"))
+H100_650W = BackendSpec(model=MODEL, hardware=CATALOG.hw("h100-sxm"), power_cap_w=650)
+
+
+@pytest.mark.parametrize(("energy_tie_ratio", "expected"), [(0.05, "capped"), (0.0, "full")],
+                         ids=["within-the-band-lower-energy-wins", "no-band-lower-score-wins"])
+def test_kappa_policy_breaks_a_near_tie_by_energy(energy_tie_ratio: float, expected: str) -> None:
+    """A 650 W cap leaves an H100 ~2.7% slower ((580/630)^(1/3) of its clocks) at 93% of the
+    power: its score is within 5% of the full-power one's and its energy is lower."""
+    feats = features(8_000)
+    views = [view("full", H100), view("capped", H100_650W)]
+    policy = build_policy("kappa", {"energy_tie_ratio": energy_tie_ratio})
+    decision = decide(policy, feats, views, random.Random(0))
+    by_id = {c.backend_id: c for c in decision.ranked}
+    full, capped = by_id["full"], by_id["capped"]
+    assert policy.score(full) < policy.score(capped) <= policy.score(full) * 1.05  # a near-tie
+    assert capped.estimate.energy_j < full.estimate.energy_j
+    assert decision.chosen.backend_id == expected
