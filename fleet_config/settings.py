@@ -42,18 +42,61 @@ class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+RetryCondition = Literal["connect-failure", "reset", "5xx", "timeout"]
+# Envoy's retry buffer default is 1 MiB; an LLM prompt of 128k tokens is ~0.5 MB of text, so
+# 4 MiB re-sends every text prompt and refuses to re-send large image payloads.
+DEFAULT_RETRY_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class RetrySection(_Strict):
+    """What the gateway retries on another backend, before the first byte only (never after).
+
+    Attributes:
+        retry_on: the failures retried (Envoy's ``retry_on`` vocabulary): ``connect-failure``
+            (refused, or no connection within the connect timeout), ``reset`` (the connection
+            closed or reset before the first byte), ``5xx`` (a 5xx status before anything was
+            relayed), ``timeout`` (no first byte within the per-try timeout, stream headers not
+            within the idle timeout, or the backend failed its health check while the request
+            waited). A timed-out backend may have done the work, so ``timeout`` is off by default.
+        max_retries: extra attempts, each on another backend (0: never retry).
+        max_body_bytes: a body larger than this is never re-sent.
+    """
+
+    retry_on: list[RetryCondition] = Field(default_factory=lambda: ["connect-failure", "reset", "5xx"])
+    max_retries: int = Field(default=1, ge=0)
+    max_body_bytes: int = Field(default=DEFAULT_RETRY_MAX_BODY_BYTES, ge=0)
+
+
 class GatewaySection(_Strict):
-    """Listener, limits and timeouts (seconds)."""
+    """Listener, limits, timeouts (seconds), retries and shutdown.
+
+    Timeouts, from the client's side of a request (each is documented in the README):
+        upstream_connect_timeout_s: TCP connect to a backend.
+        upstream_first_byte_timeout_s: ONE deadline from receipt to the first body byte, over
+            every attempt (a retry does not get a fresh budget): queueing and prefill.
+        upstream_per_try_timeout_s: optional cap per attempt within that deadline.
+        upstream_idle_timeout_s: once a response has begun, the longest silence between two
+            upstream reads (stream and non-stream); for a streamed request also the wait for
+            the response headers, which vLLM sends at once (before the prefill).
+        outlier_ejection_s: a backend that went silent past the idle timeout, or failed its
+            health check while a request waited on it, is out of rotation this long.
+        shutdown_drain_delay_s: after SIGTERM, ``/ready`` answers 503 this long before the
+            listener closes (so a load balancer stops sending first).
+        graceful_shutdown_timeout_s: then, how long requests in flight may finish; streams
+            still open get an SSE error event and ``[DONE]``.
+    """
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
-    graceful_shutdown_timeout_s: float = Field(default=30.0, gt=0)
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
-    # Until the response headers and first body byte: covers queueing and a long prefill.
     upstream_first_byte_timeout_s: float = Field(default=600.0, gt=0)
-    # Between two body chunks once streaming; None = no limit (long generations are not cut).
-    upstream_idle_timeout_s: float | None = Field(default=None, gt=0)
+    upstream_per_try_timeout_s: float | None = Field(default=None, gt=0)
+    upstream_idle_timeout_s: float = Field(default=30.0, gt=0)
+    outlier_ejection_s: float = Field(default=30.0, ge=0)
+    retry: RetrySection = Field(default_factory=RetrySection)
+    shutdown_drain_delay_s: float = Field(default=5.0, ge=0)
+    graceful_shutdown_timeout_s: float = Field(default=30.0, gt=0)
     health_interval_s: float = Field(default=2.0, gt=0)
     scrape_interval_s: float = Field(default=1.0, gt=0)
     max_connections_per_backend: int = Field(default=1024, gt=0)
@@ -200,6 +243,13 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _message(error: Any) -> str:
+    if error["type"] == "invalid_key" and isinstance(error.get("input"), bool):
+        # YAML 1.1 reads a bare on/off/yes/no key as a boolean (`retry: {on: ...}`).
+        return f"a key read as {error['input']}: a bare on/off/yes/no key is a boolean in YAML (quote it)"
+    return error["msg"]
+
+
 def parse_settings(doc: Mapping[str, Any], catalog: Catalog, env: Mapping[str, str] | None = None) -> Settings:
     """Validate a parsed config against the catalog, applying environment overrides.
 
@@ -225,7 +275,8 @@ def parse_settings(doc: Mapping[str, Any], catalog: Catalog, env: Mapping[str, s
         # An unknown key first: a misspelt required key is also reported missing, and the
         # spelling is the news. At most three problems, each with its path.
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[:3]
-        raise ConfigError("; ".join(f"{_path(e['loc']) or 'config'}: {e['msg']}" for e in errors)) from exc
+        raise ConfigError("; ".join(f"{_path(e['loc'][:-1] if e['type'] == 'invalid_key' else e['loc']) or 'config'}: "
+                                    f"{_message(e)}" for e in errors)) from exc
     _check_against_catalog(settings, catalog)
     return settings
 

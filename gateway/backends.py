@@ -1,7 +1,11 @@
 """The backend set: health checks, vLLM metrics scraping, restart detection.
 
 Health: ``GET /health`` every ``health_interval_s``; one failure (or a connect error while
-proxying) takes a backend out of the candidate set, one success brings it back.
+proxying) takes a backend out of the candidate set, one success brings it back. Outlier
+ejection (Envoy's term): a backend that hung on a request — silent past the idle timeout, or
+failing its health check while a request waited on it — stays out for ``outlier_ejection_s``
+whatever its health checks say. Requests waiting for a backend's first byte watch its
+`BackendSet.down_signal`, so they stop waiting the moment it leaves rotation.
 Scraping: ``GET /metrics`` every ``scrape_interval_s`` (`gateway.scrape`): queue depth, KV
 usage, block size and KV capacity from ``vllm:cache_config_info``, and
 ``process_start_time_seconds`` — when it changes, or the prefix-cache counters go
@@ -45,6 +49,8 @@ class BackendState(Target):
     healthy: bool = field(default=False, kw_only=True)
     model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
     kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from clean TTFT samples
+    ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
+    down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
         self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit_linear)
@@ -65,11 +71,13 @@ class BackendSet:
         telemetry: where backend_up and κ_crit gauges go.
         on_restart: awaited with a backend id when it restarted (the index forgets it).
         health_interval_s, scrape_interval_s: probe periods, s.
+        outlier_ejection_s: how long `eject` keeps a backend out, s.
     """
 
     def __init__(self, states: list[BackendState], session: aiohttp.ClientSession, telemetry: Telemetry, *,
                  on_restart: Callable[[str], Awaitable[None]], health_interval_s: float,
-                 scrape_interval_s: float) -> None:
+                 scrape_interval_s: float, outlier_ejection_s: float = 30.0) -> None:
+        self._outlier_ejection_s = outlier_ejection_s
         self.states = states
         self.by_id = {s.id: s for s in states}
         self._session = session
@@ -90,10 +98,26 @@ class BackendSet:
         return any(s.healthy for s in self.states)
 
     def mark_down(self, state: BackendState, reason: str) -> None:
-        """Passive ejection after a connect failure while proxying; the health loop restores it."""
+        """Out of rotation after a connect failure or reset while proxying; the next passed
+        health check brings it back."""
         if state.healthy:
             log.warning("backend %s marked down: %s", state.id, reason)
-        self._set_health(state, False)
+        self._set_health(state, False, reason, signal_waiters=False)  # their own connections tell them
+
+    def eject(self, state: BackendState, reason: str) -> None:
+        """Outlier ejection: out of rotation for ``outlier_ejection_s`` whatever its health checks
+        say (it answers /health, but hung on a request)."""
+        state.ejected_until_s = asyncio.get_running_loop().time() + self._outlier_ejection_s
+        log.warning("backend %s ejected for %gs: %s", state.id, self._outlier_ejection_s, reason)
+        self._telemetry.outlier_ejections.labels(state.id).inc()
+        self._set_health(state, False, reason)
+
+    def down_signal(self, state: BackendState) -> asyncio.Future[str]:
+        """A future that resolves (to the reason) when ``state`` next leaves rotation."""
+        signal = state.down_signal
+        if signal is None or signal.done():
+            signal = state.down_signal = asyncio.get_running_loop().create_future()
+        return signal
 
     async def start(self) -> None:
         """Probe every backend once (so the first requests have candidates), then run the loops."""
@@ -122,11 +146,13 @@ class BackendSet:
                 ok = await self._serves_configured_model(state)
         except (aiohttp.ClientError, TimeoutError):
             ok = False
+        if ok and state.ejected_until_s > asyncio.get_running_loop().time():
+            return  # still cooling down after an outlier ejection
         if ok and not state.healthy:
             log.info("backend %s is up", state.id)
         elif not ok and state.healthy:
             log.warning("backend %s failed its health check", state.id)
-        self._set_health(state, ok)
+        self._set_health(state, ok, "it failed its health check")
 
     async def _serves_configured_model(self, state: BackendState) -> bool:
         """GET /v1/models once: a backend that lists other models only stays out of rotation.
@@ -172,9 +198,11 @@ class BackendSet:
             state.model_checked = False
             await self._on_restart(state.id)
 
-    def _set_health(self, state: BackendState, healthy: bool) -> None:
+    def _set_health(self, state: BackendState, healthy: bool, reason: str = "", *, signal_waiters: bool = True) -> None:
         state.healthy = healthy
         self._telemetry.backend_up.labels(state.id).set(1 if healthy else 0)
+        if not healthy and signal_waiters and state.down_signal is not None and not state.down_signal.done():
+            state.down_signal.set_result(reason)
 
 
 def _restarted(previous: BackendMetrics, current: BackendMetrics) -> bool:

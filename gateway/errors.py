@@ -5,10 +5,19 @@
     ├── ModelNotFound                 404 not_found_error
     ├── PayloadTooLarge               413 invalid_request_error
     ├── NoHealthyBackend              503 service_unavailable_error
+    ├── ShuttingDown                  503 service_unavailable_error (the grace period ended)
     └── UpstreamError                 502 upstream_error
-        ├── UpstreamUnavailable       502 (connect error, reset before the first byte)
-        ├── UpstreamStatus            the backend's 5xx, before the first byte
-        └── UpstreamTimeout           504 (also a TimeoutError)
+        ├── UpstreamUnavailable       502 connect failure (retry kind ``connect-failure``)
+        ├── UpstreamReset             502 closed or reset before the first byte (``reset``)
+        ├── UpstreamStatus            the backend's 5xx, before the first byte (``5xx``)
+        └── UpstreamTimeout           504 also a TimeoutError (``timeout``)
+
+    ClientGone                        (not an HTTP answer: the client disconnected first)
+
+Each `UpstreamError` names its ``retry_kind``, the `fleet_config.RetrySection.retry_on`
+condition it falls under; ``eject`` marks the failures that take a backend out of rotation
+for the outlier cool-down (it hung: silent past the idle timeout, or failed its health check
+while a request waited on it).
 
 Bodies follow OpenAI's and vLLM ≥ 0.10.1's shape: ``{"error": {"message", "type", "param",
 "code"}}`` with ``code`` the integer HTTP status (REFERENCE.md §3). The router and the index
@@ -56,17 +65,34 @@ class NoHealthyBackend(GatewayError):
     error_type = "service_unavailable_error"
 
 
+class ShuttingDown(GatewayError):
+    status = 503
+    error_type = "service_unavailable_error"
+
+
 class UpstreamError(GatewayError):
     status = 502
     error_type = "upstream_error"
+    retry_kind = "reset"
+    eject = False
 
 
 class UpstreamUnavailable(UpstreamError):
-    """Could not connect to the backend, or it closed before the first byte."""
+    """Could not connect to the backend (refused, or no connection within the connect timeout)."""
+
+    retry_kind = "connect-failure"
+
+
+class UpstreamReset(UpstreamError):
+    """The backend closed or reset the connection before the first byte."""
+
+    retry_kind = "reset"
 
 
 class UpstreamStatus(UpstreamError):
-    """The backend answered 5xx before any body was relayed (retryable once elsewhere)."""
+    """The backend answered 5xx before any body was relayed."""
+
+    retry_kind = "5xx"
 
     def __init__(self, message: str, *, upstream_status: int) -> None:
         super().__init__(message)
@@ -74,8 +100,28 @@ class UpstreamStatus(UpstreamError):
 
 
 class UpstreamTimeout(UpstreamError, TimeoutError):
+    """No first byte in time, or silence past the idle timeout; ``eject``: the backend hung."""
+
     status = 504
     error_type = "timeout_error"
+    retry_kind = "timeout"
+
+    def __init__(self, message: str, *, eject: bool = False) -> None:
+        super().__init__(message)
+        self.eject = eject
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response began: nothing is sent, nothing retried.
+
+    Args:
+        backend: the backend the request was waiting on (for the outcome's label).
+        counted: its outcome was already counted (by the relay that noticed).
+    """
+
+    def __init__(self, backend: str = "none", *, counted: bool = False) -> None:
+        super().__init__(f"the client disconnected while the request waited on backend {backend}")
+        self.backend, self.counted = backend, counted
 
 
 def error_body(message: str, error_type: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -64,7 +64,8 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
                 await routing.forget(backend_id)
 
         backends = BackendSet(states, probe_session, telemetry, on_restart=forget,
-                           health_interval_s=g.health_interval_s, scrape_interval_s=g.scrape_interval_s)
+                              health_interval_s=g.health_interval_s, scrape_interval_s=g.scrape_interval_s,
+                              outlier_ejection_s=g.outlier_ejection_s)
         routing = RoutingService(settings, backends, index, build_policy(settings.routing.policy, settings.routing.params),
                                  telemetry, BytesPerToken(default=settings.index.bytes_per_token),
                                  random.Random(settings.routing.seed), clock)

@@ -1,112 +1,214 @@
-"""Relaying a response to the client unchanged while watching it go by.
+"""Relaying a backend's response after its first byte, and settling the request exactly once.
 
-Streams pass through chunk by chunk as they arrive, never buffered or re-chunked. On the
-side, `SseObserver` splits the bytes into SSE events (``data: …\\n\\n``) to find the first
-content chunk (TTFT), the gaps between content chunks (ITL) and the final ``usage`` object
-(``stream_options.include_usage``), without changing what the client receives. If the
-backend fails mid-stream, the client gets an explicit ``data: {"error": …}`` event and
-``data: [DONE]`` — as vLLM itself ends a failed stream (REFERENCE.md §3) — never a silent
-truncation.
+A stream passes to the client as the backend sends it, complete SSE events at a time
+(`gateway.sse.SseObserver`), and always ends in one of three ways:
+
+- the backend's own end (bytes unchanged; also after ``data: [DONE]`` when the backend then
+  resets or closes uncleanly: the stream was complete, it counts as ``ok`` with its usage);
+- an SSE error event and ``data: [DONE]`` from the gateway, never a silent cut: when the
+  backend fails mid-stream (``upstream_error``, 502), stays silent past the idle timeout
+  (``timeout_error``, 504, and the backend is ejected), or the shutdown grace period ends
+  (``service_unavailable_error``, 503);
+- the client leaving (the upstream request is closed, so the backend aborts it).
+
+A non-streamed body is read whole, each read bounded by the idle timeout, racing the client's
+disconnect and the end of the grace period.
+
+Settling releases the ticket, counts ``gateway_requests_total{status}`` and, for a complete
+answer, observes TTFT, ITL, E2E, κ, the prompt tokens by source, the measured κ_crit fit and
+the usage the backend reported.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import suppress
 
-import orjson
+import aiohttp
 
-from gateway.errors import error_body
+from dispatch import Plan
+from gateway.attempts import ClientWatch, FirstByte
+from gateway.errors import ClientGone, ShuttingDown, UpstreamReset, UpstreamTimeout
+from gateway.sse import SseObserver, error_tail, usage_from_body
+from gateway.state import GatewayState
 
-_EVENT_END = b"\n\n"
-_MAX_PENDING_BYTES = 1 << 20  # an event larger than 1 MiB is not inspected (still relayed)
+log = logging.getLogger("kappa_gateway.proxy")
 
 
-class SseObserver:
-    """Watches SSE bytes: first content time, inter-chunk gaps, usage, [DONE].
+class _Stopped(Exception):
+    """Set on a stream's reader by `Relay.stop` (the shutdown grace period ended)."""
 
-    Args:
-        start_s: when the gateway received the request (the clock's seconds).
-    """
 
-    __slots__ = ("start_s", "first_content_s", "last_content_s", "itl_s", "usage", "done", "_pending")
+class Relay:
+    """Relays one upstream response and settles its ticket, metrics and usage exactly once."""
 
-    def __init__(self, start_s: float) -> None:
-        self.start_s = start_s
-        self.first_content_s: float | None = None
-        self.last_content_s: float | None = None
-        self.itl_s: list[float] = []
-        self.usage: dict[str, Any] | None = None
-        self.done = False
-        self._pending = b""
+    __slots__ = ("gw", "plan", "sent", "observer", "_settled")
 
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_content_s is None else self.first_content_s - self.start_s
+    def __init__(self, gw: GatewayState, plan: Plan, sent: FirstByte, received_s: float) -> None:
+        self.gw, self.plan, self.sent = gw, plan, sent
+        self.observer = SseObserver(received_s)
+        self._settled = False
 
-    def feed(self, chunk: bytes, now_s: float) -> None:
-        """Inspect one network chunk received at ``now_s``."""
-        data = self._pending + chunk if self._pending else chunk
-        end = data.rfind(_EVENT_END)
-        if end < 0:
-            self._pending = data if len(data) <= _MAX_PENDING_BYTES else b""
-            return
-        self._pending = data[end + 2:]
-        content = False
-        for event in data[:end].split(_EVENT_END):
-            content |= self._event(event)
-        if content:
-            if self.first_content_s is None:
-                self.first_content_s = now_s
-            elif self.last_content_s is not None:
-                self.itl_s.append(now_s - self.last_content_s)
-            self.last_content_s = now_s
+    def stop(self) -> None:
+        """End this stream now with a 503 error event (the grace period is over)."""
+        self.sent.resp.content.set_exception(_Stopped())
 
-    def _event(self, event: bytes) -> bool:
-        """Handle one SSE event; True if it carried generated content."""
-        payload = event.strip()
-        if not payload.startswith(b"data:"):
-            return False
-        payload = payload[5:].strip()
-        if payload == b"[DONE]":
-            self.done = True
-            return False
-        has_usage = b'"usage"' in payload
-        if self.first_content_s is not None and not has_usage:
-            return True  # after the first token, any data event is a content chunk; skip parsing
+    async def stream(self) -> AsyncIterator[bytes]:
+        gw, resp, obs = self.gw, self.sent.resp, self.observer
+        idle_s = gw.settings.gateway.upstream_idle_timeout_s
+        backend = self.sent.state.id
+        outcome = "client_disconnect"
+        gw.streams.add(self)
         try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return False
-        if not isinstance(obj, dict):
-            return False
-        if has_usage and isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
-        return _has_content(obj)
+            out = obs.feed(self.sent.first, gw.clock())
+            if out:
+                yield out
+            while True:
+                try:
+                    async with asyncio.timeout(idle_s):
+                        chunk = await resp.content.readany()
+                except _Stopped:
+                    outcome = "shutdown"
+                    yield error_tail("The gateway is shutting down; the response was cut short.",
+                                     ShuttingDown.error_type, ShuttingDown.status)
+                    return
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    if obs.done:  # the stream was complete: an unclean close after [DONE] adds nothing
+                        break
+                    outcome = self._failed_mid_stream(exc, idle_s)
+                    if isinstance(exc, TimeoutError):
+                        yield error_tail(f"backend {backend} sent nothing for {idle_s:g}s (the idle timeout)",
+                                         UpstreamTimeout.error_type, UpstreamTimeout.status)
+                    else:
+                        yield error_tail(f"backend {backend} failed mid-stream: {exc.__class__.__name__}",
+                                         UpstreamReset.error_type, UpstreamReset.status)
+                    return
+                if not chunk:
+                    rest = obs.flush()
+                    if rest:
+                        yield rest
+                    break
+                out = obs.feed(chunk, gw.clock())
+                if out:
+                    yield out
+            outcome = "ok"
+        finally:
+            gw.streams.discard(self)
+            self.settle(outcome)
+
+    def _failed_mid_stream(self, exc: BaseException, idle_s: float) -> str:
+        gw, state = self.gw, self.sent.state
+        if isinstance(exc, TimeoutError):
+            gw.telemetry.upstream_failures.labels(state.id, "idle-timeout").inc()
+            gw.backends.eject(state, f"silent for {idle_s:g}s mid-stream")
+            return "upstream_timeout"
+        gw.telemetry.upstream_failures.labels(state.id, "mid-stream").inc()
+        log.warning("backend %s failed mid-stream: %r", state.id, exc)
+        return "upstream_error"
+
+    async def body(self, watch: ClientWatch) -> bytes:
+        """The whole non-streamed body.
+
+        Raises:
+            UpstreamTimeout: silent past the idle timeout (the backend is ejected).
+            UpstreamReset: the connection dropped mid-body.
+            ClientGone: the client left first (the upstream request is closed).
+            ShuttingDown: the grace period ended first.
+        """
+        resp, first = self.sent.resp, self.sent.first
+        if resp.content.at_eof():  # the whole body came with the first bytes: nothing to wait for
+            return self._body_read(first)
+        read = asyncio.ensure_future(self._read_rest(first))
+        stopping = self.gw.stopping_signal()
+        done, _ = await asyncio.wait({read, watch.signal, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if read not in done:
+            read.cancel()
+            with suppress(asyncio.CancelledError, UpstreamReset, UpstreamTimeout):
+                await read
+            if stopping in done:
+                self.settle("shutdown")
+                raise ShuttingDown("The gateway is shutting down.")
+            self.settle("client_disconnect")
+            raise ClientGone(self.sent.state.id, counted=True)
+        try:
+            body = read.result()
+        except UpstreamTimeout:
+            self.settle("upstream_timeout")
+            raise
+        except UpstreamReset:
+            self.settle("upstream_error")
+            raise
+        return self._body_read(body)
+
+    async def _read_rest(self, first: bytes) -> bytes:
+        gw, resp, state = self.gw, self.sent.resp, self.sent.state
+        idle_s = gw.settings.gateway.upstream_idle_timeout_s
+        chunks = [first]
+        try:
+            while True:
+                async with asyncio.timeout(idle_s):
+                    chunk = await resp.content.readany()
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        except TimeoutError as exc:
+            gw.telemetry.upstream_failures.labels(state.id, "idle-timeout").inc()
+            gw.backends.eject(state, f"silent for {idle_s:g}s mid-body")
+            raise UpstreamTimeout(f"backend {state.id} sent nothing for {idle_s:g}s mid-body (the idle timeout)",
+                                  eject=True) from exc
+        except aiohttp.ClientError as exc:
+            gw.telemetry.upstream_failures.labels(state.id, "mid-stream").inc()
+            raise UpstreamReset(f"backend {state.id} failed while sending its response: {exc.__class__.__name__}") \
+                from exc
+
+    def _body_read(self, body: bytes) -> bytes:
+        status = self.sent.resp.status
+        usage = usage_from_body(body) if status < 400 else None
+        if usage:
+            self.observer.usage = usage
+        self.settle("ok" if status < 400 else f"upstream_{status // 100}xx")
+        return body
+
+    def settle(self, outcome: str) -> None:
+        """Release the request's charges and record its outcome (once; later calls do nothing)."""
+        if self._settled:
+            return
+        self._settled = True
+        gw, sent, est = self.gw, self.sent, self.sent.candidate.estimate
+        if outcome == "ok":
+            sent.resp.release()
+        else:
+            sent.resp.close()
+        sent.ticket.finish()
+        t = gw.telemetry
+        t.count_request(sent.state.id, self.plan.request.model, self.plan.decision.policy, est.regime.value, outcome)
+        if outcome == "ok":
+            _observe(gw, self.plan, sent, self.observer)
 
 
-def _has_content(obj: dict[str, Any]) -> bool:
-    for choice in obj.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        if choice.get("text"):
-            return True
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")
-                                        or delta.get("reasoning_content") or delta.get("reasoning")):
-            return True
-    return False
-
-
-def usage_from_body(body: bytes) -> dict[str, Any] | None:
-    """``usage`` of a non-streamed JSON response, or None."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    usage = obj.get("usage") if isinstance(obj, dict) else None
-    return usage if isinstance(usage, dict) else None
-
-
-def midstream_error_event(message: str) -> bytes:
-    """The SSE tail sent when the backend fails after the stream started (then the stream ends)."""
-    return b"data: " + orjson.dumps(error_body(message, "upstream_error", 502)) + b"\n\ndata: [DONE]\n\n"
+def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) -> None:
+    """The figures of a complete answer: latencies, κ, tokens by source, the κ_crit fit, usage."""
+    c, state = sent.candidate, sent.state
+    series = gw.telemetry.backend(state.id)
+    if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
+        series.ttft.observe(obs.ttft_s)
+        fit = state.kappa_fit
+        if not c.cached_kv_pool_tokens:  # the fit is of the host link; pool loads run at another rate
+            fit.observe(uncached_prompt_tokens=c.uncached_prompt_tokens, cached_host_tokens=c.cached_host_tokens,
+                        ttft_s=obs.ttft_s, backend_idle=sent.backend_idle)
+        measured = fit.kappa_crit()
+        if measured is not None:
+            gw.telemetry.kappa_crit.labels(state.id, "measured").set(measured)
+    for gap in obs.itl_s:
+        series.itl.observe(gap)
+    series.e2e.observe(gw.clock() - obs.start_s)
+    series.kappa_ratio.observe(c.estimate.kappa_ratio)
+    series.cached_hbm_tokens.inc(c.cached_hbm_tokens)
+    series.cached_host_tokens.inc(c.cached_host_tokens)
+    if c.cached_kv_pool_tokens:
+        series.cached_kv_pool_tokens.inc(c.cached_kv_pool_tokens)
+    series.uncached_prompt_tokens.inc(c.uncached_prompt_tokens)
+    if obs.usage:
+        gw.routing.observe_usage(plan, c, obs.usage)

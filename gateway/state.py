@@ -1,4 +1,8 @@
-"""What the lifespan opens and every route reads: one `GatewayState` per app."""
+"""What the lifespan opens and every route reads: one `GatewayState` per app.
+
+It also carries the shutdown state the serving process drives (`gateway.server`): ``draining``
+(``/ready`` answers 503 while the listener stays open), and `stop_requests`, which ends what is
+still in flight when the grace period runs out."""
 
 from __future__ import annotations
 
@@ -31,7 +35,25 @@ class GatewayState:
     routing: RoutingService
     clock: Callable[[], float] = time.perf_counter
     ready: bool = False
+    draining: bool = False  # SIGTERM seen: /ready answers 503 so load balancers stop sending
+    streams: set[Any] = field(default_factory=set)  # open stream relays (`gateway.relay.Relay`)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    _stopping: asyncio.Future[None] | None = None
+
+    def stopping_signal(self) -> asyncio.Future[None]:
+        """A future that resolves when the grace period ends (`stop_requests`)."""
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_future()
+        return self._stopping
+
+    def stop_requests(self) -> None:
+        """The grace period is over: requests still waiting answer 503, and streams still open
+        end with an SSE error event and ``[DONE]`` (not a cut connection)."""
+        signal = self.stopping_signal()
+        if not signal.done():
+            signal.set_result(None)
+        for relay in list(self.streams):
+            relay.stop()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run off the request path (index records); held here and cancelled at shutdown."""

@@ -17,6 +17,8 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 | ``gateway_in_flight_requests``, ``gateway_kv_demand_bytes`` | gauge | backend |
 | ``gateway_backend_up`` | gauge | backend |
 | ``gateway_upstream_retries_total`` | counter | backend (the one that failed) |
+| ``gateway_upstream_failures_total`` | counter | backend, kind = connect-failure\\|reset\\|5xx\\|timeout\\|idle-timeout\\|mid-stream |
+| ``gateway_outlier_ejections_total`` | counter | backend |
 | ``gateway_index_errors_total`` | counter | op |
 | ``gateway_index_seconds`` | histogram | op |
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
@@ -80,6 +82,12 @@ class Telemetry:
         self.backend_up = Gauge("gateway_backend_up", "1 if the backend passes health checks.", ["backend"], registry=r)
         self.retries = Counter("gateway_upstream_retries", "Retries after a failure before the first byte.",
                                ["backend"], registry=r)
+        self.upstream_failures = Counter("gateway_upstream_failures", "Upstream failures by kind: before the "
+                                         "first byte (connect-failure, reset, 5xx, timeout) or after it "
+                                         "(idle-timeout, mid-stream).", ["backend", "kind"], registry=r)
+        self.outlier_ejections = Counter("gateway_outlier_ejections", "Backends taken out of rotation for the "
+                                         "outlier cool-down (hung past the idle timeout, or failed a health "
+                                         "check while a request waited on them).", ["backend"], registry=r)
         self.index_errors = Counter("gateway_index_errors", "Prefix-index calls that failed or timed out.",
                                     ["op"], registry=r)
         self.index_seconds = Histogram("gateway_index_seconds", "Prefix-index call latency.", ["op"],

@@ -1,28 +1,34 @@
-"""Talking to backends: open a request, get its first bytes, map aiohttp's errors once.
+"""Talking to backends: the session, the headers that go up and come down, one attempt's
+opening with aiohttp's errors mapped once (STYLE.md B6).
 
 The data-plane client is aiohttp: vLLM's production-stack router moved to it from httpx
 for throughput (vllm-project/production-stack#569); its connection limit is set from the
 config, not left at aiohttp's default of 100 (production-stack#765). Responses are not
 decompressed (``auto_decompress=False``) so bytes pass to the client unchanged.
 
-Everything up to and including the first body bytes is "before the first byte": a connect
-error, a timeout or a 5xx there raises an `UpstreamError` the caller may retry elsewhere.
+Everything up to and including the first body bytes is "before the first byte": a failure
+there raises an `UpstreamError` whose ``retry_kind`` says whether the retry policy may send
+the request elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDict
 
-from gateway.errors import UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from gateway.errors import UpstreamError, UpstreamReset, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 
-# RFC 9110 §7.6.1 connection-specific headers, plus ones the proxy recomputes.
+# RFC 9110 §7.6.1 connection-specific headers, plus ones the proxy recomputes. `Expect`: the
+# gateway already holds the whole body, so a `100-continue` would only make an upstream that
+# never sends 100 stall the request (nginx and Envoy drop it too).
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length",
+    "transfer-encoding", "upgrade", "host", "content-length", "expect",
 })
 # Set by our own server (uvicorn) or by the gateway itself (x-request-id).
 _NOT_RELAYED = HOP_BY_HOP | {"date", "server", "x-request-id"}
@@ -37,14 +43,37 @@ def make_session(*, connect_timeout_s: float, max_connections_per_backend: int) 
                                  skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
 
-def forward_headers(client_headers: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
-    """Client headers minus hop-by-hop ones; Authorization and the rest pass; X-Request-Id set."""
+def forward_headers(client_headers: Mapping[str, str], client_host: str | None) -> CIMultiDict[str]:
+    """The client's headers as the backend should see them.
+
+    Drops the hop-by-hop set, ``Expect``, every header the client's ``Connection`` header names
+    (RFC 9110 §7.6.1) and the client's ``X-Request-Id`` (each attempt gets its own,
+    `attempt_request_id`); appends the client's address to ``X-Forwarded-For``, as nginx's
+    ``$proxy_add_x_forwarded_for`` does. Authorization and everything else pass.
+    """
+    named = {token.strip().lower() for token in client_headers.get("connection", "").split(",")}
     out: CIMultiDict[str] = CIMultiDict()
+    forwarded: list[str] = []
     for name, value in client_headers.items():
-        if name.lower() not in HOP_BY_HOP and name.lower() != "x-request-id":
-            out.add(name, value)
-    out["X-Request-Id"] = request_id
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in named or lower == "x-request-id":
+            continue
+        if lower == "x-forwarded-for":
+            forwarded.append(value)
+            continue
+        out.add(name, value)
+    if client_host:
+        forwarded.append(client_host)
+    if forwarded:
+        out["X-Forwarded-For"] = ", ".join(forwarded)
     return out
+
+
+def attempt_request_id(request_id: str) -> str:
+    """A unique ``X-Request-Id`` for one upstream attempt: the client's id (or the gateway's)
+    plus a random suffix, so two requests that share a client id, or a request and its retry,
+    never reach a backend under one id (vLLM rejects or confuses duplicates)."""
+    return f"{request_id}-{secrets.token_hex(6)}"
 
 
 def response_headers(upstream: Mapping[str, str]) -> dict[str, str]:
@@ -52,35 +81,54 @@ def response_headers(upstream: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in upstream.items() if k.lower() not in _NOT_RELAYED}
 
 
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """How long one phase of an attempt may take, s, and whether that bound is the idle
+    timeout (missing it means the backend hung, not that it was slow)."""
+
+    seconds: float
+    idle: bool
+
+
 async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, headers: CIMultiDict[str], *,
-                        first_byte_timeout_s: float) -> tuple[aiohttp.ClientResponse, bytes]:
-    """POST ``body`` and wait for the status line and the first body bytes.
+                        headers_bound: Bound, first_byte_bound: Bound) -> tuple[aiohttp.ClientResponse, bytes]:
+    """POST ``body``; wait for the status line within ``headers_bound``, then for the first body
+    bytes within ``first_byte_bound``.
 
     Returns:
         The open response (the caller closes or releases it) and its first chunk (b"" for
         an empty body). 4xx responses are returned as they are: the client's own errors.
 
     Raises:
-        UpstreamUnavailable: connect error, or the connection dropped before the first byte.
-        UpstreamTimeout: no first byte within ``first_byte_timeout_s``.
+        UpstreamUnavailable: no connection (refused, or the connect timeout).
+        UpstreamReset: the connection dropped before the first byte.
         UpstreamStatus: the backend answered 5xx (its body was read and released).
+        UpstreamTimeout: a bound passed (``eject`` when it was an idle bound).
     """
     resp: aiohttp.ClientResponse | None = None
+    bound, what = headers_bound, "response headers"
     try:
-        async with asyncio.timeout(first_byte_timeout_s):
+        async with asyncio.timeout(bound.seconds):
             resp = await session.post(url, data=body, headers=headers)
             if resp.status >= 500:
                 detail = (await resp.content.read(_MAX_ERROR_BODY_BYTES)).decode("utf-8", "replace")
                 resp.release()
                 raise UpstreamStatus(f"backend answered {resp.status}: {detail[:300]}", upstream_status=resp.status)
+        bound, what = first_byte_bound, "first byte"
+        async with asyncio.timeout(bound.seconds):
             first = await resp.content.readany()
         return resp, first
-    except TimeoutError as exc:
-        _close(resp)
-        raise UpstreamTimeout(f"backend gave no first byte within {first_byte_timeout_s:g}s") from exc
+    except UpstreamError:
+        raise
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        raise UpstreamUnavailable(f"backend unreachable: {exc.__class__.__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         _close(resp)
-        raise UpstreamUnavailable(f"backend unreachable: {exc.__class__.__name__}: {exc}") from exc
+        raise UpstreamReset(f"backend closed the connection before the first byte: {exc.__class__.__name__}") from exc
+    except TimeoutError as exc:
+        _close(resp)
+        kind = "the idle timeout" if bound.idle else "the request's deadline"
+        raise UpstreamTimeout(f"backend sent no {what} within {bound.seconds:.3g}s ({kind})", eject=bound.idle) from exc
     except BaseException:
         _close(resp)
         raise

@@ -87,16 +87,18 @@ def serve(
     port: Annotated[int | None, typer.Option("--port", help="listen port (default: the config's)")] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
-    """Run the gateway: an OpenAI-compatible proxy that routes the config's fleet by κ."""
-    import uvicorn
+    """Run the gateway: an OpenAI-compatible proxy that routes the config's fleet by κ.
 
+    SIGTERM (or Ctrl-C) drains first: /ready answers 503 for shutdown_drain_delay_s, then the
+    listener closes and requests in flight get graceful_shutdown_timeout_s (gateway.server).
+    """
     from gateway.app import create_app
+    from gateway.server import GatewayServer
 
     settings = load_config(config)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=host or settings.gateway.host, port=port or settings.gateway.port,
-                timeout_graceful_shutdown=settings.gateway.graceful_shutdown_timeout_s, log_level=log_level,
-                access_log=False)
+    GatewayServer(create_app(settings), settings, host=host or settings.gateway.host,
+                  port=port or settings.gateway.port, log_level=log_level, access_log=False).run()
 
 
 @app.command()

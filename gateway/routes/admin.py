@@ -33,11 +33,11 @@ async def health() -> dict:
 
 @router.get("/ready")
 async def ready(gw: State) -> Response:
-    """Readiness: started, not shutting down, and at least one backend healthy."""
-    ok = gw.ready and gw.backends.any_healthy()
+    """Readiness: started, not draining for shutdown, and at least one backend healthy."""
+    ok = gw.ready and not gw.draining and gw.backends.any_healthy()
     healthy = sum(s.healthy for s in gw.backends.states)
-    return JSONResponse({"ready": ok, "healthy_backends": healthy, "backends": len(gw.backends.states)},
-                        status_code=200 if ok else 503)
+    return JSONResponse({"ready": ok, "draining": gw.draining, "healthy_backends": healthy,
+                         "backends": len(gw.backends.states)}, status_code=200 if ok else 503)
 
 
 @router.get("/metrics")

@@ -70,7 +70,8 @@ def run_gateway(backends: list[dict], *, clock: Callable[[], float] | None = Non
     doc = {"gateway": gateway, "backends": backends, **sections}
     settings = parse_settings(doc, default_catalog(), env={})
     app = create_app(settings, registry=CollectorRegistry(), **({"clock": clock} if clock is not None else {}))
-    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+    # As `gateway.server.GatewayServer` serves it: the real peer address, not uvicorn's XFF rewrite.
+    with serve_in_thread(app, proxy_headers=False) as url, httpx.Client(base_url=url, timeout=30) as http:
         yield Gateway(url, app, http)
 
 

@@ -77,7 +77,7 @@ def test_body_and_unknown_fields_reach_the_backend_unchanged(gw: Gateway) -> Non
     resp = gw.http.post("/v1/completions", content=json.dumps(body),
                         headers={"x-request-id": "req-42", "content-type": "application/json"})
     assert resp.status_code == 200 and resp.headers["x-request-id"] == "req-42"
-    assert resp.json()["id"].endswith("req-42")  # the mock names completions after X-Request-Id
+    assert resp.json()["id"].startswith("cmpl-req-42-")  # the mock names completions after X-Request-Id: the attempt's id
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,13 @@
-"""The SSE observer and the vLLM metrics parser, on literal inputs."""
+"""The SSE observer (framing by the spec, bytes unchanged) and the vLLM metrics parser, on literal inputs."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
-from gateway.relay import SseObserver, midstream_error_event, usage_from_body
+from gateway.sse import SseObserver, error_tail, usage_from_body
 from gateway.scrape import BackendMetrics, parse_vllm_metrics
 
 
@@ -54,9 +55,58 @@ def test_content_kinds(payload: dict) -> None:
 def test_usage_from_body_and_error_tail() -> None:
     assert usage_from_body(b'{"usage": {"prompt_tokens": 3}}') == {"prompt_tokens": 3}
     assert usage_from_body(b"not json") is None and usage_from_body(b"[1]") is None
-    tail = midstream_error_event("backend x failed")
+    tail = error_tail("backend x failed", "upstream_error", 502)
     first, second = tail.split(b"\n\n")[:2]
     assert json.loads(first.removeprefix(b"data: "))["error"]["code"] == 502 and second == b"data: [DONE]"
+
+
+NEWLINES = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+
+
+def with_newline(stream: bytes, newline: bytes) -> bytes:
+    return stream.replace(b"\n", newline)
+
+
+@pytest.mark.parametrize("newline", list(NEWLINES), ids=list(NEWLINES))
+@pytest.mark.parametrize("seed", range(20))
+def test_framing_by_the_spec_any_split_bytes_unchanged(newline: str, seed: int) -> None:
+    """Regression: events were framed on LF-LF only, so CRLF (sse-starlette) and CR streams got
+    no TTFT, ITL or usage. Any line ending, events split anywhere (inside a CRLF pair too),
+    several per read: the same figures, and what is relayed is exactly what came."""
+    stream = with_newline(ROLE + TOKEN + TOKEN + USAGE + DONE, NEWLINES[newline])
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(stream)), 12))
+    obs = SseObserver(start_s=0.0)
+    relayed = b""
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(stream)], strict=True)):
+        relayed += obs.feed(stream[a:b], float(i))
+    relayed += obs.flush()
+    assert relayed == stream
+    assert obs.first_content_s is not None and len(obs.itl_s) <= 1 and obs.done
+    assert obs.usage == {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}
+
+
+def test_an_incomplete_event_is_held_back_until_it_completes() -> None:
+    obs = SseObserver(start_s=0.0)
+    assert obs.feed(TOKEN + TOKEN[:10], 1.0) == TOKEN  # the half event waits
+    assert obs.holding
+    assert obs.feed(TOKEN[10:], 2.0) == TOKEN
+    assert not obs.holding and obs.itl_s == [1.0]
+
+
+def test_a_crlf_split_between_its_cr_and_its_lf_is_one_line_end() -> None:
+    crlf = with_newline(TOKEN + DONE, b"\r\n")
+    cut = crlf.index(b"\r\n\r\n") + 1  # ... "}" "\r" | "\n\r\n" ...
+    obs = SseObserver(start_s=0.0)
+    relayed = obs.feed(crlf[:cut], 1.0) + obs.feed(crlf[cut:], 2.0) + obs.flush()
+    assert relayed == crlf and obs.ttft_s == 2.0  # complete only once the LF came
+    assert obs.done
+
+
+def test_multi_line_data_is_joined_and_comments_ignored() -> None:
+    obs = SseObserver(start_s=0.0)
+    obs.feed(b": keep-alive\n\ndata: {\"choices\": [{\"index\": 0,\ndata: \"text\": \"x\"}]}\n\n", 3.0)
+    assert obs.ttft_s == 3.0
 
 
 VLLM_METRICS = """\

@@ -1,0 +1,170 @@
+"""Getting a request's first byte: attempts on the ranked backends under one deadline.
+
+As Envoy's router does (``retry_on``, ``num_retries``, ``per_try_timeout``, the route
+``timeout``), but for an LLM's first byte:
+
+- **One deadline.** ``upstream_first_byte_timeout_s`` runs from the gateway's receipt of the
+  request over every attempt; ``upstream_per_try_timeout_s`` optionally caps each one.
+- **Phases of an attempt** (`gateway.upstream.open_response`): a streamed request's headers
+  come at once from vLLM, so they are bounded by the idle timeout and its first event by the
+  deadline (the queue and the prefill); a non-streamed answer comes whole after the
+  generation, so its headers are bounded by the deadline and its first bytes by the idle
+  timeout. Missing an idle bound ejects the backend (`gateway.backends.BackendSet.eject`).
+- **While it waits** for the first byte the attempt also watches the client (a disconnect
+  cancels it within one event-loop turn: the upstream connection is closed and every charge
+  released, and nothing is retried for a client that has gone), the backend (if it fails its
+  health check the attempt is abandoned as a timeout and the backend ejected: a SIGSTOPped
+  backend otherwise holds its requests until the deadline) and the process (past the
+  shutdown grace period it answers 503).
+- **Retries** go to the next backend of the ranking when the failure's kind is in
+  ``retry.retry_on`` (default connect failures, resets and 5xx, not timeouts), at most
+  ``retry.max_retries`` times, never for a body over ``retry.max_body_bytes``.
+- **Each attempt has its own X-Request-Id** (`gateway.upstream.attempt_request_id`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+from starlette.requests import Request
+
+from dispatch import Plan, Ticket
+from gateway.backends import BackendState
+from gateway.errors import (
+    ClientGone,
+    ShuttingDown,
+    UpstreamError,
+    UpstreamReset,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from gateway.state import GatewayState
+from gateway.upstream import Bound, attempt_request_id, open_response
+from router.types import Candidate
+
+log = logging.getLogger("kappa_gateway.proxy")
+
+
+@dataclass(slots=True)
+class FirstByte:
+    """An attempt that got its first byte: where, its charges, and the open response."""
+
+    candidate: Candidate
+    state: BackendState
+    ticket: Ticket
+    resp: aiohttp.ClientResponse
+    first: bytes
+    backend_idle: bool  # nothing else of this gateway's ran there when it was sent (a clean κ sample)
+
+
+class ClientWatch:
+    """Notices the client disconnecting while the gateway waits on a backend (after the body
+    was read, the next ASGI message is ``http.disconnect``). Stop it before handing the
+    connection to a streaming response, which listens for that message itself."""
+
+    __slots__ = ("_request", "_task")
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def signal(self) -> asyncio.Future[None]:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._disconnected())
+        return self._task
+
+    async def _disconnected(self) -> None:
+        while (await self._request.receive())["type"] != "http.disconnect":
+            pass
+
+    def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+
+async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMultiDict[str], watch: ClientWatch, *,
+                     path: str, received_s: float, request_id: str, stream: bool) -> FirstByte:
+    """Send ``body`` to the ranked backends in turn until one gives a first byte (module docstring).
+
+    Raises:
+        UpstreamError: the last attempt's failure, when it may not be retried or nothing is
+            left to try (an `UpstreamTimeout` when the deadline ran out first).
+        ClientGone: the client disconnected first.
+        ShuttingDown: the shutdown grace period ended first.
+    """
+    g = gw.settings.gateway
+    policy = g.retry
+    deadline_s = received_s + g.upstream_first_byte_timeout_s
+    per_try_s = g.upstream_per_try_timeout_s or math.inf
+    idle_s = g.upstream_idle_timeout_s
+    attempts = 1 + policy.max_retries if len(body) <= policy.max_body_bytes else 1
+    ranked = plan.decision.ranked[:attempts]
+    for n, candidate in enumerate(ranked):
+        remaining_s = deadline_s - gw.clock()
+        if remaining_s <= 0:
+            raise UpstreamTimeout(f"no backend gave a first byte within {g.upstream_first_byte_timeout_s:g}s "
+                                  f"(the request's deadline, over {n} attempts)")
+        try_s = min(remaining_s, per_try_s)
+        waited = Bound(min(try_s, idle_s), idle=idle_s < try_s)
+        whole = Bound(try_s, idle=False)
+        state = plan.targets[candidate.backend_id]
+        idle = state.ledger.in_flight == 0
+        ticket = gw.routing.charge(plan, candidate)
+        up_headers = headers.copy()
+        up_headers["X-Request-Id"] = attempt_request_id(request_id)
+        attempt = asyncio.ensure_future(open_response(
+            gw.session, state.entry.url + path, body, up_headers,
+            headers_bound=waited if stream else whole, first_byte_bound=whole if stream else waited))
+        try:
+            resp, first = await _first_of(attempt, watch.signal, gw.backends.down_signal(state), gw.stopping_signal(),
+                                          state.id)
+        except UpstreamError as exc:
+            ticket.finish()  # the ledger and the in-flight chain are released on every path
+            _account(gw, state, exc)
+            last_try = n == len(ranked) - 1 or exc.retry_kind not in policy.retry_on
+            if last_try:
+                raise
+            gw.telemetry.retries.labels(state.id).inc()
+            log.warning("request %s: %s failed before the first byte (%s), retrying on %s: %s", request_id,
+                        state.id, exc.retry_kind, ranked[n + 1].backend_id, exc.message)
+            continue
+        except BaseException:
+            ticket.finish()
+            raise
+        ticket.first_byte()
+        return FirstByte(candidate, state, ticket, resp, first, idle)
+    raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover
+
+
+async def _first_of(attempt: asyncio.Future[Any], gone: Awaitable[None], down: asyncio.Future[str],
+                    stopping: asyncio.Future[None], backend: str) -> Any:
+    """The attempt's result, unless the client leaves, the backend leaves rotation or the grace
+    period ends first: then the attempt is cancelled (its connection closed) and that is raised."""
+    done, _ = await asyncio.wait({attempt, gone, down, stopping}, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
+    if attempt in done:
+        return attempt.result()
+    attempt.cancel()
+    with suppress(asyncio.CancelledError, UpstreamError):
+        await attempt
+    if gone in done:  # type: ignore[comparison-overlap]
+        raise ClientGone(backend)
+    if down in done:
+        raise UpstreamTimeout(f"backend stopped answering before the first byte ({down.result()})", eject=True)
+    raise ShuttingDown("The gateway is shutting down.")
+
+
+def _account(gw: GatewayState, state: BackendState, exc: UpstreamError) -> None:
+    gw.telemetry.upstream_failures.labels(state.id, exc.retry_kind).inc()
+    if isinstance(exc, (UpstreamUnavailable, UpstreamReset)):
+        gw.backends.mark_down(state, exc.message)
+    elif exc.eject:  # it hung; if its health check already failed, it still stays out for the cool-down
+        gw.backends.eject(state, exc.message)

@@ -1,0 +1,96 @@
+"""Serving the gateway: uvicorn with a drain before the listener closes, and an end for open streams.
+
+What a load balancer in front (Kubernetes, Envoy, nginx) needs on SIGTERM:
+
+1. ``/ready`` answers 503 at once (``"draining": true``) while the listener stays open and
+   requests are still served, for ``shutdown_drain_delay_s``, so the balancer stops sending;
+2. then the listener closes (new connections are refused) and requests in flight get up to
+   ``graceful_shutdown_timeout_s`` to finish;
+3. streams still open then end with an SSE error event (503) and ``data: [DONE]``, and
+   requests still waiting answer 503 — a terminated response, never a cut connection;
+4. the process exits 0.
+
+A second SIGINT/SIGTERM skips what is left of the drain; a third forces the exit. uvicorn's
+own graceful-shutdown timeout is set past the grace period, so the tails are written before it
+would cancel anything (its default waits forever, STYLE.md B7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from fleet_config import Settings
+
+log = logging.getLogger("kappa_gateway")
+
+# uvicorn's own deadline sits this far past the grace period: time to write the tails.
+TAIL_MARGIN_S = 2.0
+
+
+class GatewayServer(uvicorn.Server):
+    """A uvicorn server that drains before it stops listening (module docstring).
+
+    Args:
+        app: the gateway app (`gateway.app.create_app`); its lifespan state is read at shutdown.
+        settings: the gateway's settings (drain delay, grace period).
+        config: uvicorn's keywords (host, port, log_level, ...).
+    """
+
+    def __init__(self, app: FastAPI, settings: Settings, **config: object) -> None:
+        g = settings.gateway
+        # proxy_headers off: uvicorn would otherwise replace the peer's address with the last
+        # X-Forwarded-For entry, and the gateway appends the real peer to that header itself.
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=g.graceful_shutdown_timeout_s + TAIL_MARGIN_S,
+                                        proxy_headers=False, **config))  # type: ignore[arg-type]
+        self.app, self.drain_s, self.grace_s = app, g.shutdown_drain_delay_s, g.graceful_shutdown_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signals = 0
+        self._timers: list[asyncio.TimerHandle] = []
+
+    async def serve(self, sockets: list | None = None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        try:
+            await super().serve(sockets)
+        finally:
+            for timer in self._timers:
+                timer.cancel()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Replaces uvicorn's: the first signal starts the drain (and is not re-raised at exit, so
+        the process exits 0), the second stops listening now, the third forces the exit."""
+        self._signals += 1
+        if self._loop is None or self._signals >= 3:
+            self.should_exit = self.force_exit = True
+        elif self._signals == 1:
+            self._loop.call_soon_threadsafe(self._begin_drain, signal.Signals(sig).name)
+        else:
+            self._loop.call_soon_threadsafe(self._close_listener)
+
+    def _begin_drain(self, name: str) -> None:
+        gw = getattr(self.app.state, "gateway", None)
+        if gw is not None:
+            gw.draining = True
+        log.warning("%s: draining for %gs (/ready answers 503), then %gs for requests in flight", name, self.drain_s,
+                    self.grace_s)
+        self._timers.append(self._loop.call_later(self.drain_s, self._close_listener))  # type: ignore[union-attr]
+
+    def _close_listener(self) -> None:
+        if self.should_exit:
+            return
+        for timer in self._timers:
+            timer.cancel()
+        self.should_exit = True  # uvicorn closes the listener and waits for connections to finish
+        self._timers = [self._loop.call_later(self.grace_s, self._end_requests)]  # type: ignore[union-attr]
+
+    def _end_requests(self) -> None:
+        gw = getattr(self.app.state, "gateway", None)
+        if gw is not None:
+            if gw.streams:
+                log.warning("grace period over: ending %d open stream(s) with an error event", len(gw.streams))
+            gw.stop_requests()
