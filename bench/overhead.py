@@ -162,7 +162,8 @@ def gateway_config(stub_ports: list[int], port: int, redis_url: str | None, key_
     index: dict[str, Any] = {"backend": "memory"}
     if redis_url:
         index.update(backend="redis", redis_url=redis_url, key_prefix=key_prefix)
-    doc = {"gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 2.0, "scrape_interval_s": 1.0},
+    doc = {"gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 2.0, "scrape_interval_s": 1.0,
+                       "shutdown_drain_delay_s": 0.0},
            "index": index, "routing": {"policy": "kappa", "seed": 0},
            "backends": [{"id": f"b{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL, "hardware": HARDWARE}
                         for i, p in enumerate(stub_ports)]}

@@ -47,9 +47,11 @@ READY_TIMEOUT_S = 30.0
 
 
 def on_free_ports(settings: Settings) -> Settings:
-    """The same fleet with the gateway and every backend moved to free loopback ports."""
+    """The same fleet with the gateway and every backend moved to free loopback ports (and no
+    shutdown drain: no load balancer watches the demo's gateway)."""
     doc = settings.model_dump(mode="json")
     doc["gateway"]["host"], doc["gateway"]["port"] = "127.0.0.1", free_port()
+    doc["gateway"]["shutdown_drain_delay_s"] = 0.0
     for backend in doc["backends"]:
         backend["url"] = f"http://127.0.0.1:{free_port()}"
     return parse_settings(doc, default_catalog(), env={})
