@@ -40,6 +40,7 @@ class GatewayError(Exception):
         self.message = message
         self.param = param
         self.request_id: str | None = None  # set by the proxy; echoed as x-request-id
+        self.counted = False  # its outcome is already in gateway_requests_total (the relay settled it)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.status, self.param)

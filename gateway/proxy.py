@@ -55,8 +55,9 @@ async def proxy(request: Request, kind: Kind, gw: GatewayState) -> Response:
 
     Raises:
         GatewayError: the gateway's own refusals and upstream failures, carrying the request id
-            (the app's handler answers them OpenAI-style with ``x-request-id``); each is counted in
-            ``gateway_requests_total`` with backend "none" and its HTTP status.
+            (the app's handler answers them OpenAI-style with ``x-request-id``); each is counted once in
+            ``gateway_requests_total``: with backend "none" and its HTTP status, unless the relay
+            already counted it under its backend.
     """
     received_s = gw.clock()
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
@@ -64,7 +65,8 @@ async def proxy(request: Request, kind: Kind, gw: GatewayState) -> Response:
         return await _proxy(request, kind, gw, received_s, request_id)
     except GatewayError as exc:
         exc.request_id = request_id
-        gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", str(exc.status))
+        if not exc.counted:
+            gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", str(exc.status))
         raise
 
 

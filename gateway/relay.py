@@ -129,16 +129,16 @@ class Relay:
                 await read
             if stopping in done:
                 self.settle("shutdown")
-                raise ShuttingDown("The gateway is shutting down.")
+                stopped = ShuttingDown("The gateway is shutting down.")
+                stopped.counted = True
+                raise stopped
             self.settle("client_disconnect")
             raise ClientGone(self.sent.state.id, counted=True)
         try:
             body = read.result()
-        except UpstreamTimeout:
-            self.settle("upstream_timeout")
-            raise
-        except UpstreamReset:
-            self.settle("upstream_error")
+        except (UpstreamTimeout, UpstreamReset) as exc:
+            self.settle("upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_error")
+            exc.counted = True
             raise
         return self._body_read(body)
 

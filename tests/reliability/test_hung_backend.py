@@ -94,6 +94,9 @@ def test_a_stalled_non_stream_body_is_504(pieces: str) -> None:
         assert got.elapsed_s < 1.5
         assert_closed_soon(up.posts[0], got.ended_s)
         poll(lambda: gw.metric("gateway_in_flight_requests", backend="a") == 0, "in-flight back to 0", timeout_s=2)
+        # counted once (regression: mid-body, the relay's count and the error's both landed)
+        assert gw.metric("gateway_requests_total") == 1
+        assert gw.metric("gateway_upstream_failures_total", backend="a") == 1
 
 
 def test_before_non_stream_headers_only_the_first_byte_timeout_counts() -> None:
