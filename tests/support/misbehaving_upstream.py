@@ -213,8 +213,8 @@ class MisbehavingUpstream:
         for i, piece in enumerate(cut(data, offsets)[: int(h.get("x-send-pieces", "1000000"))]):
             if i and await conn.pause(gap_s):
                 return False
+            seen.sent += piece  # recorded before it goes out: the client may read it before this thread resumes
             await self._write(writer, chunk(piece) if sse else piece)
-            seen.sent += piece
         end = h.get("x-end", "end")
         if seen.sent and await conn.pause(gap_s):  # the gap before the end too: a reset never races the data
             return False
