@@ -10,7 +10,9 @@ What a load balancer in front (Kubernetes, Envoy, nginx) needs on SIGTERM:
    requests still waiting answer 503 — a terminated response, never a cut connection;
 4. the process exits 0.
 
-A second SIGINT/SIGTERM skips what is left of the drain; a third forces the exit. uvicorn's
+A second SIGINT/SIGTERM skips what is left of the drain; a third forces the exit: open
+streams are then cut (the one case a stream may end without an error event) and the process
+exits 1, not 0 (`GatewayServer.forced`). uvicorn's
 own graceful-shutdown timeout is set past the grace period, so the tails are written before it
 would cancel anything (its default waits forever, STYLE.md B7).
 """
@@ -51,6 +53,7 @@ class GatewayServer(uvicorn.Server):
         self.app, self.drain_s, self.grace_s = app, g.shutdown_drain_delay_s, g.graceful_shutdown_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
+        self.forced = False  # a third signal forced the exit: in-flight work was cut
         self._timers: list[asyncio.TimerHandle] = []
 
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[override]
@@ -65,11 +68,14 @@ class GatewayServer(uvicorn.Server):
         """Replaces uvicorn's: the first signal starts the drain (and is not re-raised at exit, so
         the process exits 0), the second stops listening now, the third forces the exit."""
         self._signals += 1
+        name = signal.Signals(sig).name
         if self._loop is None or self._signals >= 3:
-            self.should_exit = self.force_exit = True
+            log.warning("%s again: forcing the exit, cutting what is in flight", name)
+            self.should_exit = self.force_exit = self.forced = True
         elif self._signals == 1:
-            self._loop.call_soon_threadsafe(self._begin_drain, signal.Signals(sig).name)
+            self._loop.call_soon_threadsafe(self._begin_drain, name)
         else:
+            log.warning("%s again: closing the listener now, skipping the rest of the drain", name)
             self._loop.call_soon_threadsafe(self._close_listener)
 
     def _begin_drain(self, name: str) -> None:

@@ -93,7 +93,7 @@ class GenerationRequest(_Model):
     model: str | None = None
     max_tokens: PositiveInt | None = None
     n: PositiveInt = 1
-    stream: bool = False
+    stream: bool | None = False  # vLLM: Optional[bool]; null means not streamed
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Field(ge=0)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None

@@ -97,8 +97,11 @@ def serve(
 
     settings = load_config(config)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    GatewayServer(create_app(settings), settings, host=host or settings.gateway.host,
-                  port=port or settings.gateway.port, log_level=log_level, access_log=False).run()
+    server = GatewayServer(create_app(settings), settings, host=host or settings.gateway.host,
+                           port=port or settings.gateway.port, log_level=log_level, access_log=False)
+    server.run()
+    if server.forced:
+        raise typer.Exit(1)  # a third signal cut what was in flight: not a clean stop
 
 
 @app.command()

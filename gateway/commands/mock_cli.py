@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -19,6 +20,7 @@ from gateway.commands.typer_app import app, load_config
 
 # uvicorn waits forever for open streams by default (STYLE.md B7); a mock stream is cut after this.
 MOCK_VLLM_GRACEFUL_SHUTDOWN_S = 5.0
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8001
 
 
 @app.command("mock-vllm")
@@ -26,8 +28,10 @@ def mock_vllm(
     model: Annotated[str, typer.Option("--model", "-m", help="catalog model name")] = "llama-3.1-8b",
     hardware: Annotated[str, typer.Option("--hardware", "-w", help="catalog hardware name")] = "h100-sxm",
     host_tier_gb: Annotated[float, typer.Option("--host-tier-gb", min=0, help="CPU KV offload tier, GB (0: none)")] = 0.0,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8001,
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int | None, typer.Option("--port", min=0, max=65535,
+                                             help="default: the backend's URL with --config, else 8001")] = None,
+    host: Annotated[str | None, typer.Option(
+        "--host", help="default: the backend's URL host with --config, else 127.0.0.1")] = None,
     time_scale: Annotated[float, typer.Option(
         "--time-scale", help="wall seconds per modelled second, > 0 (0.01 = 100x faster)")] = 1.0,
     power_cap_w: Annotated[float | None, typer.Option("--power-cap-w", help="board power cap, W")] = None,
@@ -62,7 +66,9 @@ def mock_vllm(
             entry = next((b for b in settings.backends if b.id == backend_id), None)
             if entry is None:
                 raise typer.BadParameter(f"no backend {backend_id!r} in {config}", param_hint="--backend")
+            host, port = host or urlsplit(entry.url).hostname, entry.port if port is None else port
         else:
+            host, port = host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
             settings, entry = standalone_settings(
                 model, hardware, catalog, url=f"http://{host}:{port}", served_model_name=served_model_name,
                 host_tier_gb=host_tier_gb, power_cap_w=power_cap_w, tensor_parallel=tensor_parallel,
@@ -103,11 +109,18 @@ def mock_fleet_cmd(
         typer.echo("mock fleet up; Ctrl-C to stop")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's `&` job starts with SIGINT ignored
+        running = list(mocks)
         try:
-            while all(m.proc.poll() is None for m in mocks):
+            while running:  # one mock dying (say, kill -9 in a fault drill) leaves the others serving
                 time.sleep(0.5)  # supervising: wake to notice a child that died
+                for mock in [m for m in running if m.proc.poll() is not None]:
+                    running.remove(mock)
+                    ids = ", ".join(b.id for b in mock.backends)
+                    typer.echo(f"mock {ids} (pid {mock.proc.pid}) exited with {mock.proc.returncode}; "
+                               f"{len(running)} process(es) still serving", err=True)
         except KeyboardInterrupt:
-            pass
+            return
+    raise typer.Exit(1)  # every mock died on its own
 
 
 @app.command("mock-fleet-worker", hidden=True)

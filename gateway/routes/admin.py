@@ -25,7 +25,7 @@ def _finite(value: float) -> float | None:
     return None if math.isinf(value) else value
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health() -> dict:
     """Liveness: the process serves HTTP."""
     return {"status": "ok"}

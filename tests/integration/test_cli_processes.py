@@ -1,0 +1,103 @@
+"""The command line's processes as an operator drives them: signals, dead children, defaults.
+
+Real child processes on 127.0.0.1, signalled by the pids this test started them with.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from gateway.commands.processes import free_port
+from tests.integration.gateway_support import MOCK_MODEL, poll
+from tests.reliability.relay_support import REPO_ROOT, get_status
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def config_file(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "gateway", *args], cwd=REPO_ROOT, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def two_backends() -> list[dict]:
+    return [{"id": bid, "url": f"http://127.0.0.1:{free_port()}", "model": MOCK_MODEL, "hardware": "h100-sxm"}
+            for bid in ("a", "b")]
+
+
+def test_mock_vllm_with_config_listens_where_its_backend_entry_says(tmp_path: Path) -> None:
+    """Regression: --config/--backend ignored the entry's URL and bound the default port 8001."""
+    backends = two_backends()
+    config = config_file(tmp_path, {"backends": backends})
+    proc = start(["mock-vllm", "--config", str(config), "--backend", "b", "--log-level", "warning"], tmp_path / "log")
+    try:
+        poll(lambda: proc.poll() is None and get_status(backends[1]["url"], "/health") == 200,
+             "the mock to answer at its entry's URL", timeout_s=20)
+        assert get_status(backends[0]["url"], "/health") is None  # not where the other backend lives
+    finally:
+        stop(proc)
+
+
+def test_one_dead_mock_leaves_the_rest_of_the_fleet_serving(tmp_path: Path) -> None:
+    """Regression: kill -9 of one mock of `mock-fleet` (no kv_pool: a process each) stopped
+    every other mock and exited 0 without a word."""
+    backends = two_backends()
+    config = config_file(tmp_path, {"backends": backends})
+    log = tmp_path / "fleet.log"
+    fleet = start(["mock-fleet", "--config", str(config), "--time-scale", "0.01"], log)
+    try:
+        pids = poll(lambda: dict(re.findall(r"^(\w+): .* \(pid (\d+)\)$", log.read_text(), re.M)) or None,
+                    "the fleet to print its mocks' pids", timeout_s=30)
+        poll(lambda: all(get_status(b["url"], "/health") == 200 for b in backends), "both mocks up", timeout_s=30)
+        os.kill(int(pids["a"]), signal.SIGKILL)  # a mock process started (through mock-fleet) by this test
+        poll(lambda: "mock a (pid" in log.read_text(), "the fleet to report the dead mock", timeout_s=10)
+        assert "exited with -9" in log.read_text()
+        assert fleet.poll() is None and get_status(backends[1]["url"], "/health") == 200
+    finally:
+        stop(fleet)
+    assert get_status(backends[1]["url"], "/health") is None  # stopping the fleet stops its mocks
+
+
+def test_a_third_signal_forces_the_exit_and_says_so_in_the_exit_code(tmp_path: Path) -> None:
+    port = free_port()
+    config = config_file(tmp_path, {"gateway": {"port": port, "shutdown_drain_delay_s": 30},
+                                    "backends": two_backends()})
+    proc = start(["serve", "--config", str(config), "--log-level", "warning"], tmp_path / "log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        poll(lambda: proc.poll() is None and get_status(url, "/health") == 200, "the gateway to start", timeout_s=20)
+        assert httpx.head(url + "/health").status_code == 200
+        os.kill(proc.pid, signal.SIGTERM)
+        poll(lambda: get_status(url, "/ready") == 503, "the drain to start", timeout_s=5)
+        for _ in range(2):
+            os.kill(proc.pid, signal.SIGTERM)
+            time.sleep(0.05)  # two separate signals, not one coalesced pending signal
+        assert proc.wait(timeout=10) == 1
+    finally:
+        stop(proc)
