@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.commands.processes import free_port
+from gateway.commands.processes import free_port, stop_processes
 from tests.integration.gateway_support import MOCK_MODEL, poll
 from tests.reliability.relay_support import REPO_ROOT, get_status
 
@@ -37,13 +37,7 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_processes([proc])
 
 
 def two_backends() -> list[dict]:

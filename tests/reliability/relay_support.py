@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.commands.processes import stop_processes
 from tests.integration.gateway_support import MOCK_MODEL, poll
 from tests.support.redis_server import free_port
 
@@ -188,9 +189,4 @@ def upstream_process() -> Iterator[tuple[subprocess.Popen, str]]:
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGCONT)
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([proc], timeout_s=5)
