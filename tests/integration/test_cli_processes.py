@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,8 +17,9 @@ import pytest
 import yaml
 
 from gateway.commands.processes import free_port, stop_processes
-from tests.integration.gateway_support import MOCK_MODEL, poll
-from tests.reliability.relay_support import REPO_ROOT, get_status
+from tests.integration.gateway_support import MOCK_MODEL, backend_doc, poll
+from tests.reliability.relay_support import CHAT, REPO_ROOT, get_status, raw_request, refused
+from tests.support.misbehaving_upstream import misbehaving_upstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -80,18 +80,23 @@ def test_one_dead_mock_leaves_the_rest_of_the_fleet_serving(tmp_path: Path) -> N
 
 def test_a_third_signal_forces_the_exit_and_says_so_in_the_exit_code(tmp_path: Path) -> None:
     port = free_port()
-    config = config_file(tmp_path, {"gateway": {"port": port, "shutdown_drain_delay_s": 30},
-                                    "backends": two_backends()})
-    proc = start(["serve", "--config", str(config), "--log-level", "warning"], tmp_path / "log")
     url = f"http://127.0.0.1:{port}"
-    try:
-        poll(lambda: proc.poll() is None and get_status(url, "/health") == 200, "the gateway to start", timeout_s=20)
-        assert httpx.head(url + "/health").status_code == 200
-        os.kill(proc.pid, signal.SIGTERM)
-        poll(lambda: get_status(url, "/ready") == 503, "the drain to start", timeout_s=5)
-        for _ in range(2):
-            os.kill(proc.pid, signal.SIGTERM)
-            time.sleep(0.05)  # two separate signals, not one coalesced pending signal
-        assert proc.wait(timeout=10) == 1
-    finally:
-        stop(proc)
+    with misbehaving_upstream({"x-scenario": "silent"}) as up:  # holds the request: the grace period waits on it
+        config = config_file(tmp_path, {"gateway": {"port": port, "shutdown_drain_delay_s": 30},
+                                        "backends": [backend_doc("a", up.url)]})
+        proc = start(["serve", "--config", str(config), "--log-level", "warning"], tmp_path / "log")
+        try:
+            poll(lambda: proc.poll() is None and get_status(url, "/ready") == 200, "the gateway to be ready",
+                 timeout_s=20)
+            assert httpx.head(url + "/health").status_code == 200
+            with raw_request(url, CHAT):
+                poll(lambda: up.posts, "the request to reach the backend", timeout_s=5)
+                os.kill(proc.pid, signal.SIGTERM)  # the drain
+                poll(lambda: get_status(url, "/ready") == 503, "the drain to start", timeout_s=5)
+                os.kill(proc.pid, signal.SIGTERM)  # the listener closes now; the request in flight holds on
+                poll(lambda: refused(url), "the listener to close", timeout_s=5)
+                assert proc.poll() is None
+                os.kill(proc.pid, signal.SIGTERM)  # forced
+                assert proc.wait(timeout=10) == 1
+        finally:
+            stop(proc)
