@@ -15,7 +15,7 @@ One file per deployment (``config/fleet.local.yaml`` is the example)::
 Parsing is strict: an unknown key or a bad value fails at start-up with its path
 (``backends[2].hardware: unknown hardware 'h300'``), never a silent default (STYLE.md B7).
 Environment variables override the deployment settings only: ``KAPPA_HOST``, ``KAPPA_PORT``,
-``KAPPA_REDIS_URL`` (which also switches the index to Redis).
+``KAPPA_REDIS_URL`` (which also switches the index to Redis), ``KAPPA_ADMIN_API_KEY``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
 from router.cost import BackendSpec, kv_pool_link_gb_s
@@ -67,8 +68,9 @@ class RetrySection(_Strict):
     max_body_bytes: int = Field(default=DEFAULT_RETRY_MAX_BODY_BYTES, ge=0)
 
 
-class GatewaySection(_Strict):
-    """Listener, limits, timeouts (seconds), retries and shutdown.
+class GatewaySection(EdgeSettings):
+    """Listener, limits, timeouts (seconds), retries and shutdown; the client-facing edge keys
+    (connections, admission limits, keys, access log) are `fleet_config.edge.EdgeSettings`'.
 
     Timeouts, from the client's side of a request (each is documented in the README):
         upstream_connect_timeout_s: TCP connect to a backend.
@@ -267,6 +269,8 @@ def parse_settings(doc: Mapping[str, Any], catalog: Catalog, env: Mapping[str, s
             gateway["host"] = env["KAPPA_HOST"]
         if env.get("KAPPA_PORT"):
             gateway["port"] = env["KAPPA_PORT"]
+        if env.get("KAPPA_ADMIN_API_KEY"):
+            gateway["admin_api_key"] = env["KAPPA_ADMIN_API_KEY"]
     if isinstance(index, dict) and env.get("KAPPA_REDIS_URL"):
         index.update(backend="redis", redis_url=env["KAPPA_REDIS_URL"])
     try:
@@ -278,6 +282,10 @@ def parse_settings(doc: Mapping[str, Any], catalog: Catalog, env: Mapping[str, s
         raise ConfigError("; ".join(f"{_path(e['loc'][:-1] if e['type'] == 'invalid_key' else e['loc']) or 'config'}: "
                                     f"{_message(e)}" for e in errors)) from exc
     _check_against_catalog(settings, catalog)
+    try:
+        settings.gateway.client_api_keys()
+    except OSError as exc:
+        raise ConfigError(f"gateway.api_keys_file: cannot read {settings.gateway.api_keys_file}: {exc.strerror}") from exc
     return settings
 
 

@@ -1,7 +1,7 @@
 """The app factory: a new FastAPI app per call, its resources owned by its lifespan.
 
 The two proxy routes take a fast path (`GatewayApp.__call__`): a POST to
-``/v1/chat/completions`` or ``/v1/completions`` goes straight to `gateway.proxy.proxy`,
+``/v1/chat/completions`` or ``/v1/completions`` goes straight to `gateway.proxy.serve_proxy`,
 past Starlette's and FastAPI's middleware stack (server-error, exception, body-limit and
 exit-stack layers, each wrapping ``send`` once more per message), which cost ~10% of the
 gateway's CPU per request at concurrency 32 (bench/overhead.py, py-spy). The fast path
@@ -24,7 +24,8 @@ from starlette.types import Receive, Scope, Send
 from fleet_config.catalog import default_catalog
 from gateway.errors import GatewayError, error_body
 from gateway.lifespan import open_gateway
-from gateway.proxy import proxy
+from gateway.answers import error_response
+from gateway.proxy import serve_proxy
 from gateway.routes import admin, openai
 from fleet_config.settings import Settings
 from gateway.telemetry import Telemetry
@@ -44,23 +45,7 @@ class GatewayApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
-        request = Request(scope, receive, send)
-        try:
-            response = await proxy(request, kind, scope["state"]["gateway"])
-        except Exception as exc:  # noqa: BLE001 -- every failure is answered, OpenAI-style
-            response = error_response(exc)
-        await response(scope, receive, send)
-
-
-def error_response(exc: Exception) -> Response:
-    """The OpenAI-style answer to an exception raised while serving a request."""
-    if isinstance(exc, GatewayError):
-        headers = {"x-request-id": exc.request_id} if exc.request_id else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-    if isinstance(exc, NoEligibleBackend):
-        return JSONResponse(error_body(str(exc), "service_unavailable_error", 503), status_code=503)
-    log.error("unhandled error while serving a request", exc_info=exc)
-    return JSONResponse(error_body("Internal server error.", "server_error", 500), status_code=500)
+        await serve_proxy(scope, receive, send, kind, scope["state"]["gateway"])
 
 
 def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: CollectorRegistry | None = None,
@@ -86,6 +71,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
     app.router.routes.extend(openai.proxy_routes)
     app.include_router(openai.router)
     app.include_router(admin.router)
+    app.include_router(admin.kappa_router)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

@@ -2,9 +2,12 @@
 
     GatewayError                      500 server_error
     ├── BadRequest                    400 invalid_request_error
+    ├── Unauthorized                  401 authentication_error (+ WWW-Authenticate: Bearer)
     ├── ModelNotFound                 404 not_found_error
     ├── PayloadTooLarge               413 invalid_request_error
+    ├── UnsupportedMediaType          415 invalid_request_error (a Content-Encoding it cannot decode)
     ├── NoHealthyBackend              503 service_unavailable_error
+    ├── Overloaded                    503 service_unavailable_error (+ Retry-After: an admission cap)
     ├── ShuttingDown                  503 service_unavailable_error (the grace period ended)
     └── UpstreamError                 502 upstream_error
         ├── UpstreamUnavailable       502 connect failure (retry kind ``connect-failure``)
@@ -28,6 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# Longest client-supplied value echoed in an error message, characters (a 2 MB model name
+# must not make a 2 MB error).
+MAX_ECHOED_CHARS = 200
+
 
 class GatewayError(Exception):
     """Base of the gateway's errors; ``status`` and ``error_type`` shape the HTTP answer."""
@@ -45,10 +52,24 @@ class GatewayError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.status, self.param)
 
+    def headers(self) -> dict[str, str]:
+        """Headers the answer carries besides ``x-request-id`` (``Retry-After``, ``WWW-Authenticate``)."""
+        return {}
+
 
 class BadRequest(GatewayError):
     status = 400
     error_type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    """A missing or wrong ``Authorization: Bearer`` key (admin or client keys configured)."""
+
+    status = 401
+    error_type = "authentication_error"
+
+    def headers(self) -> dict[str, str]:
+        return {"www-authenticate": "Bearer"}
 
 
 class ModelNotFound(GatewayError):
@@ -61,9 +82,25 @@ class PayloadTooLarge(GatewayError):
     error_type = "invalid_request_error"
 
 
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    error_type = "invalid_request_error"
+
+
 class NoHealthyBackend(GatewayError):
     status = 503
     error_type = "service_unavailable_error"
+
+
+class Overloaded(GatewayError):
+    """An admission cap is reached (`gateway.admission`): retry shortly, here or elsewhere."""
+
+    status = 503
+    error_type = "service_unavailable_error"
+    retry_after_s = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
 
 
 class ShuttingDown(GatewayError):
@@ -123,6 +160,15 @@ class ClientGone(Exception):
     def __init__(self, backend: str = "none", *, counted: bool = False) -> None:
         super().__init__(f"the client disconnected while the request waited on backend {backend}")
         self.backend, self.counted = backend, counted
+
+
+def excerpt(value: object, limit_chars: int = MAX_ECHOED_CHARS) -> str:
+    """A client-supplied value as an error message may quote it: at most ``limit_chars``
+    characters (then ``…`` and the full length), so an error never echoes megabytes."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit_chars:
+        return text
+    return f"{text[:limit_chars]}… ({len(text)} characters)"
 
 
 def error_body(message: str, error_type: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -1,24 +1,31 @@
-"""The proxy path of one OpenAI request: read, route, get a first byte, relay.
+"""The proxy path of one OpenAI request: check, admit, read, route, get a first byte, relay.
 
-DESIGN.md §1 steps 5–6. The body goes upstream byte for byte as the client sent it (each
-attempt with its own ``X-Request-Id``, the client's address appended to ``X-Forwarded-For``);
-streams come back as they arrive; the response carries the routing headers
-(``x-kappa-backend``, ``x-kappa-ratio``, ``x-kappa-crit``, ``x-kappa-regime``,
-``x-request-id``: the client's own id, or the gateway's). Attempts, the one deadline and
-retries: `gateway.attempts`; the relay after the first byte and the bookkeeping:
-`gateway.relay`.
+DESIGN.md §1 steps 5–6. A request first passes the client-key check (`gateway.auth`) and
+admission (`gateway.admission`: requests and body bytes held at once), then its body is read
+(`gateway.body`: size limit, ``Content-Encoding``). The body goes upstream as the client sent
+it (decoded if it was compressed; each attempt with its own ``X-Request-Id``, the client's
+address appended to ``X-Forwarded-For``); streams come back as they arrive; the response
+carries the routing headers (``x-kappa-backend``, ``x-kappa-ratio``, ``x-kappa-crit``,
+``x-kappa-regime``, ``x-request-id``: the client's own id when it is a safe token, else the
+gateway's). Attempts, the one deadline and retries: `gateway.attempts`; the relay after the
+first byte and the bookkeeping: `gateway.relay`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
+from gateway.admission import Slot
+from gateway.answers import error_response
 from gateway.attempts import ClientWatch, first_byte
-from gateway.errors import ClientGone, GatewayError, PayloadTooLarge
+from gateway.body import read_body
+from gateway.errors import ClientGone, GatewayError
 from gateway.relay import Relay
 from gateway.routing import Kind
 from gateway.state import GatewayState
@@ -27,20 +34,16 @@ from router.types import Candidate
 
 UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request its client abandoned (never seen by the client)
+# A client's X-Request-Id is kept when it is a short token of safe characters (it is echoed in
+# a header and logged); anything else is replaced by the gateway's own id.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The whole request body, refusing more than ``limit_bytes``. Raises PayloadTooLarge."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit_bytes} bytes.")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise PayloadTooLarge(f"Request body exceeds the limit of {limit_bytes} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def request_id_of(value: str | None) -> str:
+    """The request's id: the client's ``X-Request-Id`` when safe (`_SAFE_REQUEST_ID`), else a new one."""
+    if value is not None and _SAFE_REQUEST_ID.fullmatch(value):
+        return value
+    return uuid.uuid4().hex
 
 
 def kappa_headers(candidate: Candidate, request_id: str) -> dict[str, str]:
@@ -50,40 +53,83 @@ def kappa_headers(candidate: Candidate, request_id: str) -> dict[str, str]:
             "x-kappa-crit": crit, "x-kappa-regime": est.regime.value, "x-request-id": request_id}
 
 
-async def proxy(request: Request, kind: Kind, gw: GatewayState) -> Response:
-    """Serve one chat or completions request end to end.
+async def serve_proxy(scope: Scope, receive: Receive, send: Send, kind: Kind, gw: GatewayState) -> None:
+    """Serve one chat or completions request as an ASGI call, holding its admission slot
+    until the last byte of the answer is sent (a stream: until it ends)."""
+    request = Request(scope, receive, send)
+    slot: Slot | None = None
+    try:
+        gw.keys.check_client(request.headers)
+        slot = gw.admission.admit()
+        response = await proxy(request, kind, gw, slot)
+    except GatewayError as exc:
+        if not exc.counted:  # refused before proxy() began: key or admission
+            _count_refusal(gw, kind, exc, request_id_of(request.headers.get("x-request-id")))
+        response = error_response(exc)
+    except Exception as exc:  # noqa: BLE001 -- every failure is answered, OpenAI-style
+        response = error_response(exc)
+    try:
+        await response(scope, receive, send)
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def _count_refusal(gw: GatewayState, kind: Kind, exc: GatewayError, request_id: str) -> None:
+    exc.request_id, exc.counted = request_id, True
+    gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", str(exc.status))
+    gw.access_log.write(request_id=request_id, route=kind, backend="none", status=exc.status, outcome="refused")
+
+
+async def proxy(request: Request, kind: Kind, gw: GatewayState, slot: Slot | None = None) -> Response:
+    """Serve one chat or completions request end to end (the key and admission already passed).
 
     Raises:
         GatewayError: the gateway's own refusals and upstream failures, carrying the request id
-            (the app's handler answers them OpenAI-style with ``x-request-id``); each is counted once in
-            ``gateway_requests_total``: with backend "none" and its HTTP status, unless the relay
-            already counted it under its backend.
+            (answered OpenAI-style with ``x-request-id``); each is counted once in
+            ``gateway_requests_total`` and the access log: with backend "none" and its HTTP
+            status, unless the relay already counted it under its backend.
     """
     received_s = gw.clock()
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request_id = request_id_of(request.headers.get("x-request-id"))
     try:
-        return await _proxy(request, kind, gw, received_s, request_id)
+        return await _proxy(request, kind, gw, received_s, request_id, slot)
     except GatewayError as exc:
         exc.request_id = request_id
         if not exc.counted:
+            exc.counted = True
             gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", str(exc.status))
+            gw.access_log.write(request_id=request_id, route=kind, backend="none", status=exc.status,
+                                outcome="refused" if exc.status < 500 else "failed", e2e_s=gw.clock() - received_s)
         raise
+    except ClientDisconnect:  # the client left while sending its body: nobody reads an answer
+        gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", "client_disconnect")
+        gw.access_log.write(request_id=request_id, route=kind, backend="none", status=CLIENT_CLOSED_REQUEST,
+                            outcome="client_disconnect", e2e_s=gw.clock() - received_s)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
-async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: float, request_id: str) -> Response:
-    raw = await read_body(request, gw.settings.gateway.max_body_bytes)
+async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: float, request_id: str,
+                 slot: Slot | None) -> Response:
+    raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
     parsed = gw.routing.parse(kind, raw)
     plan = await gw.routing.plan(parsed)
     client = request.client
-    up_headers = forward_headers(request.headers, client.host if client else None)
+    up_headers = forward_headers(request.headers, client.host if client else None,
+                                 authorization=gw.settings.gateway.forward_authorization)
+    if "content-encoding" in request.headers:
+        up_headers.popall("Content-Encoding", None)  # the body goes up decoded (gateway.body)
     watch = ClientWatch(request)
     try:
         sent = await first_byte(gw, plan, raw, up_headers, watch, path=UPSTREAM_PATHS[kind], received_s=received_s,
                                 request_id=request_id, stream=parsed.stream)
+        if slot is not None:
+            slot.release_body()  # no retry can re-send it now
         resp = sent.resp
         if resp.status < 400:  # the backend ran the prefill: its cache now holds the chain
             gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes))
-        relay = Relay(gw, plan, sent, received_s)
+        relay = Relay(gw, plan, sent, received_s, request_id=request_id, route=kind,
+                      request_bytes=len(raw))
         headers = {**response_headers(resp.headers), **kappa_headers(sent.candidate, request_id)}
         if resp.status < 400 and resp.headers.get("content-type", "").startswith("text/event-stream"):
             watch.stop()  # the streaming response listens for the client's disconnect itself
@@ -93,6 +139,9 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
     except ClientGone as gone:
         if not gone.counted:
             gw.telemetry.count_request(gone.backend, parsed.model, plan.decision.policy, "none", "client_disconnect")
+            gw.access_log.write(request_id=request_id, route=kind, model=parsed.model, backend=gone.backend,
+                                status=CLIENT_CLOSED_REQUEST, outcome="client_disconnect",
+                                e2e_s=gw.clock() - received_s, request_bytes=len(raw))
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: the client has gone
     finally:
         watch.stop()

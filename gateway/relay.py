@@ -44,12 +44,15 @@ class _Stopped(Exception):
 class Relay:
     """Relays one upstream response and settles its ticket, metrics and usage exactly once."""
 
-    __slots__ = ("gw", "plan", "sent", "observer", "_settled")
+    __slots__ = ("gw", "plan", "sent", "observer", "_settled", "request_id", "route", "request_bytes",
+                 "response_bytes")
 
-    def __init__(self, gw: GatewayState, plan: Plan, sent: FirstByte, received_s: float) -> None:
+    def __init__(self, gw: GatewayState, plan: Plan, sent: FirstByte, received_s: float, *, request_id: str = "-",
+                 route: str = "-", request_bytes: int = 0) -> None:
         self.gw, self.plan, self.sent = gw, plan, sent
         self.observer = SseObserver(received_s)
         self._settled = False
+        self.request_id, self.route, self.request_bytes, self.response_bytes = request_id, route, request_bytes, 0
 
     def stop(self) -> None:
         """End this stream now with a 503 error event (the grace period is over)."""
@@ -64,6 +67,7 @@ class Relay:
         try:
             out = obs.feed(self.sent.first, gw.clock())
             if out:
+                self.response_bytes += len(out)
                 yield out
             while True:
                 try:
@@ -88,10 +92,12 @@ class Relay:
                 if not chunk:
                     rest = obs.flush()
                     if rest:
+                        self.response_bytes += len(rest)
                         yield rest
                     break
                 out = obs.feed(chunk, gw.clock())
                 if out:
+                    self.response_bytes += len(out)
                     yield out
             outcome = "ok"
         finally:
@@ -168,6 +174,7 @@ class Relay:
         usage = usage_from_body(body) if status < 400 else None
         if usage:
             self.observer.usage = usage
+        self.response_bytes = len(body)
         self.settle("ok" if status < 400 else f"upstream_{status // 100}xx")
         return body
 
@@ -186,6 +193,24 @@ class Relay:
         t.count_request(sent.state.id, self.plan.request.model, self.plan.decision.policy, est.regime.value, outcome)
         if outcome == "ok":
             _observe(gw, self.plan, sent, self.observer)
+        self._log(outcome)
+
+    def _log(self, outcome: str) -> None:
+        c, obs, status = self.sent.candidate, self.observer, self.sent.resp.status
+        if self.sent.resp.headers.get("content-type", "").startswith("text/event-stream") or outcome == "ok":
+            pass  # a stream that began is 200 (or the backend's status) whatever its end
+        else:
+            status = _ERROR_STATUS.get(outcome, status)
+        self.gw.access_log.write(
+            request_id=self.request_id, route=self.route, model=self.plan.request.model,
+            backend=c.backend_id, status=status, outcome=outcome, cached_tokens=c.cached_tokens,
+            uncached_prompt_tokens=c.uncached_prompt_tokens, kappa_ratio=c.estimate.kappa_ratio,
+            regime=c.estimate.regime.value, ttft_s=obs.ttft_s, e2e_s=self.gw.clock() - obs.start_s,
+            request_bytes=self.request_bytes, response_bytes=self.response_bytes)
+
+
+# The status a non-streamed request's client gets when the relay ends it (gateway.errors).
+_ERROR_STATUS = {"upstream_timeout": 504, "upstream_error": 502, "shutdown": 503, "client_disconnect": 499}
 
 
 def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) -> None:

@@ -23,7 +23,7 @@ import orjson
 from dispatch import Dispatcher, Plan, RoutableRequest, Ticket
 from fleet_config.settings import Settings
 from gateway.backends import BackendSet, BackendState
-from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend
+from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.telemetry import Telemetry
 from prefix_index import (
     CanonicalizationError,
@@ -124,7 +124,7 @@ class RoutingService:
             raise BadRequest("'stream' must be a boolean.", param="stream")
         max_tokens = self._max_tokens(body, kind)
         if model not in self.served_models:
-            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+            raise ModelNotFound(f"The model `{excerpt(model)}` does not exist.", param="model")
         try:
             data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
             seed = chain_seed(model, cache_salt(body))

@@ -28,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fleet_config import Settings
+from gateway.connections import edge_protocol
 
 log = logging.getLogger("kappa_gateway")
 
@@ -48,8 +49,10 @@ class GatewayServer(uvicorn.Server):
         g = settings.gateway
         # proxy_headers off: uvicorn would otherwise replace the peer's address with the last
         # X-Forwarded-For entry, and the gateway appends the real peer to that header itself.
+        # The edge protocol bounds slow and idle clients and caps connections (gateway.connections).
         super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=g.graceful_shutdown_timeout_s + TAIL_MARGIN_S,
-                                        proxy_headers=False, **config))  # type: ignore[arg-type]
+                                        proxy_headers=False, http=edge_protocol(g), timeout_keep_alive=g.keep_alive_timeout_s,
+                                        **config))  # type: ignore[arg-type]
         self.app, self.drain_s, self.grace_s = app, g.shutdown_drain_delay_s, g.graceful_shutdown_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0

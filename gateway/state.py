@@ -14,6 +14,9 @@ from typing import Any
 
 import aiohttp
 
+from gateway.access_log import AccessLog
+from gateway.admission import Admission
+from gateway.auth import KeyCheck
 from gateway.backends import BackendSet
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings
@@ -34,11 +37,20 @@ class GatewayState:
     backends: BackendSet
     routing: RoutingService
     clock: Callable[[], float] = time.perf_counter
+    keys: KeyCheck = field(init=False)
+    admission: Admission = field(init=False)
+    access_log: AccessLog = field(init=False)
     ready: bool = False
     draining: bool = False  # SIGTERM seen: /ready answers 503 so load balancers stop sending
     streams: set[Any] = field(default_factory=set)  # open stream relays (`gateway.relay.Relay`)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopping: asyncio.Future[None] | None = None
+
+    def __post_init__(self) -> None:
+        g = self.settings.gateway
+        self.keys = KeyCheck(g)
+        self.admission = Admission(g.max_in_flight_requests, g.max_in_flight_body_bytes)
+        self.access_log = AccessLog(g.access_log, g.access_log_format == "json")
 
     def stopping_signal(self) -> asyncio.Future[None]:
         """A future that resolves when the grace period ends (`stop_requests`)."""

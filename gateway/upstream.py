@@ -43,13 +43,15 @@ def make_session(*, connect_timeout_s: float, max_connections_per_backend: int) 
                                  skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
 
-def forward_headers(client_headers: Mapping[str, str], client_host: str | None) -> CIMultiDict[str]:
+def forward_headers(client_headers: Mapping[str, str], client_host: str | None, *,
+                    authorization: bool = True) -> CIMultiDict[str]:
     """The client's headers as the backend should see them.
 
     Drops the hop-by-hop set, ``Expect``, every header the client's ``Connection`` header names
     (RFC 9110 §7.6.1) and the client's ``X-Request-Id`` (each attempt gets its own,
     `attempt_request_id`); appends the client's address to ``X-Forwarded-For``, as nginx's
-    ``$proxy_add_x_forwarded_for`` does. Authorization and everything else pass.
+    ``$proxy_add_x_forwarded_for`` does. ``Authorization`` passes unless ``authorization`` is
+    false (``gateway.forward_authorization``); everything else passes.
     """
     named = {token.strip().lower() for token in client_headers.get("connection", "").split(",")}
     out: CIMultiDict[str] = CIMultiDict()
@@ -57,6 +59,8 @@ def forward_headers(client_headers: Mapping[str, str], client_host: str | None) 
     for name, value in client_headers.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in named or lower == "x-request-id":
+            continue
+        if lower == "authorization" and not authorization:
             continue
         if lower == "x-forwarded-for":
             forwarded.append(value)

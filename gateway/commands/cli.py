@@ -18,10 +18,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from uvicorn.config import LOG_LEVELS
+from uvicorn.logging import TRACE_LOG_LEVEL
+
 from fleet_config.catalog import default_catalog
+from gateway.access_log import ACCESS_LOGGER
 from gateway.commands.crit import CritRow, crit_rows
 from gateway.commands.typer_app import app, load_config
 from router.errors import ProfileError
+
 
 def _fmt_crit(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:.2f}"
@@ -79,13 +84,29 @@ def crit(
     )
 
 
+def configure_logging(log_level: str, *, json_access_log: bool) -> None:
+    """Root logging at ``log_level`` (uvicorn's names, ``trace`` included); the access log's JSON
+    lines, when configured, go to stderr bare (no prefix), so each line parses as JSON."""
+    logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")  # uvicorn's level below DEBUG
+    level = LOG_LEVELS.get(log_level.lower())
+    if level is None:
+        raise typer.BadParameter(f"{log_level!r}: one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if json_access_log:
+        access = logging.getLogger(ACCESS_LOGGER)
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.propagate = False
+
+
 # uvicorn waits forever for open streams by default (STYLE.md B7): the config sets the bound.
 @app.command()
 def serve(
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")] = Path("config/fleet.local.yaml"),
     host: Annotated[str | None, typer.Option("--host", help="listen address (default: the config's)")] = None,
     port: Annotated[int | None, typer.Option("--port", help="listen port (default: the config's)")] = None,
-    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    log_level: Annotated[str, typer.Option("--log-level", help="critical|error|warning|info|debug|trace")] = "info",
 ) -> None:
     """Run the gateway: an OpenAI-compatible proxy that routes the config's fleet by κ.
 
@@ -96,9 +117,9 @@ def serve(
     from gateway.server import GatewayServer
 
     settings = load_config(config)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, json_access_log=settings.gateway.access_log_format == "json")
     server = GatewayServer(create_app(settings), settings, host=host or settings.gateway.host,
-                           port=port or settings.gateway.port, log_level=log_level, access_log=False)
+                           port=port or settings.gateway.port, log_level=log_level.lower(), access_log=False)
     server.run()
     if server.forced:
         raise typer.Exit(1)  # a third signal cut what was in flight: not a clean stop

@@ -1,4 +1,8 @@
-"""Operator routes: liveness, readiness, metrics, backend state and routing explanations."""
+"""Operator routes: liveness, readiness, metrics, backend state and routing explanations.
+
+``/v1/kappa/*`` needs the admin key when one is configured, and ``/metrics`` too when
+``gateway.metrics_require_admin_key`` (`gateway.auth`); ``/health`` and ``/ready`` stay open.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +11,26 @@ from typing import Any
 
 import orjson
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import BadRequest
-from gateway.proxy import read_body
-from gateway.routes.deps import State
+from gateway.body import read_body
+from gateway.routes.deps import State, get_state
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.profiles import GB
 
+
+
+async def require_admin_key(request: Request) -> None:
+    """Raises Unauthorized (401) unless the admin key is unset or presented."""
+    (await get_state(request)).keys.check_admin(request.headers)
+
+
 router = APIRouter()
+kappa_router = APIRouter(prefix="/v1/kappa", dependencies=[Depends(require_admin_key)])
 
 
 def _finite(value: float) -> float | None:
@@ -41,11 +53,14 @@ async def ready(gw: State) -> Response:
 
 
 @router.get("/metrics")
-async def metrics(gw: State) -> Response:
+async def metrics(request: Request, gw: State) -> Response:
+    """Prometheus exposition; behind the admin key when ``gateway.metrics_require_admin_key``."""
+    if gw.keys.metrics_protected:
+        gw.keys.check_admin(request.headers)
     return Response(generate_latest(gw.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/kappa/backends")
+@kappa_router.get("/backends")
 async def backends(gw: State) -> dict:
     """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks."""
     try:
@@ -81,13 +96,21 @@ async def backends(gw: State) -> dict:
             "kv_pool": kv_pool}
 
 
-@router.post("/v1/kappa/route")
+@kappa_router.post("/route")
 async def explain(request: Request, gw: State) -> dict[str, Any]:
     """Explain the decision for a chat or completions body without sending it.
 
     ``kappa_crit`` is null where no K makes the request transfer-bound at its T (the
     attention-aware κ_crit(T) is infinite there; `router.kappa.kappa_crit`)."""
-    raw = await read_body(request, gw.settings.gateway.max_body_bytes)
+    slot = gw.admission.admit()
+    try:
+        raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
+        return await _explain(raw, gw)
+    finally:
+        slot.release()
+
+
+async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

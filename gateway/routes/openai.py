@@ -9,28 +9,32 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Request
-from starlette.responses import Response
+from fastapi import APIRouter
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from gateway.proxy import proxy
+from gateway.proxy import serve_proxy
+from gateway.routing import Kind
 from gateway.routes.deps import State
 
 router = APIRouter()
 _CREATED = int(time.time())
 
 
-async def chat_completions(request: Request) -> Response:
-    return await proxy(request, "chat", request.state.gateway)
+class ProxyEndpoint:
+    """An ASGI endpoint for one proxy route (Starlette calls a class instance as ASGI):
+    the same `serve_proxy` as the app's fast path."""
 
+    def __init__(self, kind: Kind) -> None:
+        self.kind: Kind = kind
 
-async def completions(request: Request) -> Response:
-    return await proxy(request, "completion", request.state.gateway)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await serve_proxy(scope, receive, send, self.kind, scope["state"]["gateway"])
 
 
 proxy_routes = [
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", ProxyEndpoint("chat"), methods=["POST"]),
+    Route("/v1/completions", ProxyEndpoint("completion"), methods=["POST"]),
 ]
 
 
