@@ -42,7 +42,7 @@ import resource
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 # Seconds; nginx's defaults (ngx_http_core_module: keepalive_timeout 75s, client_header_timeout 60s,
 # client_body_timeout 60s).
@@ -50,7 +50,9 @@ DEFAULT_KEEP_ALIVE_TIMEOUT_S = 75.0
 DEFAULT_CLIENT_HEADER_TIMEOUT_S = 60.0
 DEFAULT_CLIENT_BODY_TIMEOUT_S = 60.0
 DEFAULT_MAX_IN_FLIGHT_REQUESTS = 4096
-DEFAULT_MAX_IN_FLIGHT_BODY_BYTES = 1024 * 1024 * 1024  # 1 GiB: 32 bodies at the 32 MiB limit
+# 256 MiB: 8 bodies at the 32 MiB limit. A body costs ~3-4x its size at its peak (bench/body_memory.py:
+# the buffer, its parsed form, the canonical prompt), so this bounds body memory near 1 GiB.
+DEFAULT_MAX_IN_FLIGHT_BODY_BYTES = 256 * 1024 * 1024
 
 
 def default_max_client_connections() -> int:
@@ -87,6 +89,14 @@ class EdgeSettings(BaseModel):
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("must not be empty (omit it to leave the admin routes open)")
         return value
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> EdgeSettings:
+        limit = getattr(self, "max_body_bytes", 0)
+        if self.max_in_flight_body_bytes < limit:
+            raise ValueError(f"max_in_flight_body_bytes ({self.max_in_flight_body_bytes}) must be at least "
+                             f"max_body_bytes ({limit}): a body under the limit could never be admitted")
+        return self
 
     def client_api_keys(self) -> list[bytes]:
         """The proxy routes' keys: ``api_keys`` plus the lines of ``api_keys_file``, as bytes.

@@ -53,10 +53,10 @@ INDEX_WARNING_INTERVAL_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest(RoutableRequest):
-    """A validated request body and what routing derived from it (model, hashes, sizes)."""
+    """What routing derived from a validated body (model, hashes, sizes). The parsed body
+    itself is not kept: it is as large as the body, and the raw bytes are what goes upstream."""
 
     kind: Kind
-    body: dict[str, Any]
     stream: bool
 
 
@@ -132,7 +132,7 @@ class RoutingService:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
         return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
-                             body=body, stream=bool(stream))
+                             stream=bool(stream))
 
     @staticmethod
     def _max_tokens(body: dict[str, Any], kind: Kind) -> int:

@@ -36,6 +36,16 @@ log = logging.getLogger("kappa_gateway")
 TAIL_MARGIN_S = 2.0
 
 
+def uvicorn_options(settings: Settings) -> dict[str, object]:
+    """The `uvicorn.Config` keywords the gateway is served with (also by tests serving it in a
+    thread): the edge protocol bounds slow and idle clients and caps connections
+    (`gateway.connections`); the keep-alive timeout is the config's; ``proxy_headers`` is off, as
+    uvicorn would otherwise replace the peer's address with the last X-Forwarded-For entry, and
+    the gateway appends the real peer to that header itself."""
+    g = settings.gateway
+    return {"proxy_headers": False, "http": edge_protocol(g), "timeout_keep_alive": g.keep_alive_timeout_s}
+
+
 class GatewayServer(uvicorn.Server):
     """A uvicorn server that drains before it stops listening (module docstring).
 
@@ -47,12 +57,8 @@ class GatewayServer(uvicorn.Server):
 
     def __init__(self, app: FastAPI, settings: Settings, **config: object) -> None:
         g = settings.gateway
-        # proxy_headers off: uvicorn would otherwise replace the peer's address with the last
-        # X-Forwarded-For entry, and the gateway appends the real peer to that header itself.
-        # The edge protocol bounds slow and idle clients and caps connections (gateway.connections).
         super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=g.graceful_shutdown_timeout_s + TAIL_MARGIN_S,
-                                        proxy_headers=False, http=edge_protocol(g), timeout_keep_alive=g.keep_alive_timeout_s,
-                                        **config))  # type: ignore[arg-type]
+                                        **uvicorn_options(settings), **config))  # type: ignore[arg-type]
         self.app, self.drain_s, self.grace_s = app, g.shutdown_drain_delay_s, g.graceful_shutdown_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
+from gateway.server import uvicorn_options
 from fleet_config.catalog import default_catalog
 from gateway.commands.fleet import mock_fleet
 from gateway.commands.processes import free_port
@@ -70,8 +71,8 @@ def run_gateway(backends: list[dict], *, clock: Callable[[], float] | None = Non
     doc = {"gateway": gateway, "backends": backends, **sections}
     settings = parse_settings(doc, default_catalog(), env={})
     app = create_app(settings, registry=CollectorRegistry(), **({"clock": clock} if clock is not None else {}))
-    # As `gateway.server.GatewayServer` serves it: the real peer address, not uvicorn's XFF rewrite.
-    with serve_in_thread(app, proxy_headers=False) as url, httpx.Client(base_url=url, timeout=30) as http:
+    # As `gateway.server.GatewayServer` serves it: the edge protocol, the real peer address.
+    with serve_in_thread(app, **uvicorn_options(settings)) as url, httpx.Client(base_url=url, timeout=30) as http:
         yield Gateway(url, app, http)
 
 
