@@ -56,7 +56,8 @@ class AccessLog:
         if unknown:
             raise KeyError(f"not access-log fields: {sorted(unknown)}")
         record = {name: fields.get(name) for name in FIELDS}
-        record["ts"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+        now = time.time()
+        record["ts"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
         for name in ("kappa_ratio", "ttft_s", "e2e_s"):
             if isinstance(record[name], float):
                 record[name] = round(record[name], 6)

@@ -25,7 +25,7 @@ from prefix_index import PrefixIndex
 from router.profiles import Catalog
 
 
-@dataclass
+@dataclass(repr=False)
 class GatewayState:
     """Long-lived resources, owned by the lifespan (opened in order, closed in reverse)."""
 
@@ -51,6 +51,10 @@ class GatewayState:
         self.keys = KeyCheck(g)
         self.admission = Admission(g.max_in_flight_requests, g.max_in_flight_body_bytes)
         self.access_log = AccessLog(g.access_log, g.access_log_format == "json")
+
+    def __repr__(self) -> str:  # uvicorn's trace log prints the request scope's state once per request
+        return (f"GatewayState(backends={len(self.backends.states)}, ready={self.ready}, draining={self.draining}, "
+                f"streams={len(self.streams)})")
 
     def stopping_signal(self) -> asyncio.Future[None]:
         """A future that resolves when the grace period ends (`stop_requests`)."""
