@@ -21,6 +21,7 @@ from typing import Any
 from router.policies import build_policy
 from sim.fleet import Fleet
 from sim.prompts import PreparedRequest, prepare_trace
+from sim.replicas import Topology
 from sim.simulator import SimResult, simulate
 from sim.traces import TraceRequest
 
@@ -34,12 +35,14 @@ class SimJob:
         policy: a policy name (`router.policies.POLICY_NAMES`).
         rate_scale: arrivals this many times as frequent (> 0).
         params: the policy's parameters (default: its defaults).
+        topology: gateway replicas and what they share (default: one gateway).
     """
 
     fleet: str
     policy: str
     rate_scale: float = 1.0
     params: Mapping[str, Any] = field(default_factory=dict)
+    topology: Topology = Topology()
 
 
 # Set in the parent just before forking; the workers read it (fork copies it, no pickling).
@@ -72,7 +75,7 @@ def _run_one(position: int) -> SimResult:
     trace = prepared[_prepare_key(fleet)]
     if job.rate_scale != 1:
         trace = [dataclasses.replace(p, arrival_s=p.arrival_s / job.rate_scale) for p in trace]
-    return simulate(fleet, build_policy(job.policy, job.params), trace, seed=seed)
+    return simulate(fleet, build_policy(job.policy, job.params), trace, seed=seed, topology=job.topology)
 
 
 def run_jobs(requests: Sequence[TraceRequest], fleets: Mapping[str, Fleet], jobs: Sequence[SimJob], *,
@@ -119,7 +122,7 @@ def run_jobs(requests: Sequence[TraceRequest], fleets: Mapping[str, Fleet], jobs
 
 def run_policies(requests: Sequence[TraceRequest], fleet: Fleet, policies: Sequence[str], *, seed: int = 0,
                  params: Mapping[str, Mapping[str, Any]] | None = None,
-                 workers: int | None = None) -> dict[str, SimResult]:
+                 workers: int | None = None, topology: Topology = Topology()) -> dict[str, SimResult]:
     """Simulate ``requests`` on ``fleet`` under each policy.
 
     Args:
@@ -129,6 +132,7 @@ def run_policies(requests: Sequence[TraceRequest], fleet: Fleet, policies: Seque
         seed: the tie-break seed, the same for every policy.
         params: per-policy parameters by name (default: each policy's defaults).
         workers: processes to use; ``None`` = min(policies, CPUs), 1 = in this process.
+        topology: gateway replicas and what they share (`sim.replicas.Topology`).
 
     Returns:
         ``{policy name: SimResult}`` in the order of ``policies``.
@@ -141,6 +145,6 @@ def run_policies(requests: Sequence[TraceRequest], fleet: Fleet, policies: Seque
     if len(set(policies)) != len(policies):
         raise ValueError(f"policies repeat: {list(policies)}")
     params = params or {}
-    jobs = [SimJob("fleet", name, 1.0, dict(params.get(name, {}))) for name in policies]
+    jobs = [SimJob("fleet", name, 1.0, dict(params.get(name, {})), topology) for name in policies]
     results = run_jobs(requests, {"fleet": fleet}, jobs, seed=seed, workers=workers)
     return {job.policy: result for job, result in zip(jobs, results, strict=True)}

@@ -39,24 +39,24 @@ Energy: every backend is powered from the first arrival to the last finish; each
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from dispatch import BackendMetrics, Dispatcher, RoutableRequest, Target, Ticket
+from dispatch import BackendMetrics, RoutableRequest, Target, Ticket
 from mock_vllm.engine import MockEngine, PromptTooLong
 from mock_vllm.kv_cache import SharedKVPool
 from mock_vllm.types import StepResult
 from prefix_index import MemoryPrefixIndex
-from router.calibration import BytesPerToken
 from router.capacity import kv_block_bytes
 from router.policies import Policy
 from router.types import BackendView, Decision, RequestFeatures
 from sim.fleet import Fleet, SimBackend
 from sim.prompts import PreparedRequest, token_ids
+from sim.replicas import Replica, Spreader, Topology, build_replicas
 
 T = TypeVar("T")
 
@@ -146,34 +146,45 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("coroutine suspended: the simulator needs a prefix index that never awaits")
 
 
-class _Backend(Target):
-    """One backend's engine, plus what the gateway knows of it (a `dispatch.Target`)."""
+class _Engine:
+    """One backend's engine, its step in progress and when it got its first request."""
+
+    __slots__ = ("engine", "config", "step", "first_add_s")
 
     def __init__(self, config: SimBackend, kv_pool: SharedKVPool | None = None) -> None:
-        self.engine = engine = MockEngine(config.spec, config.engine, kv_pool)
-        super().__init__(config.id, config.spec, host_tier_bytes=config.host_tier_bytes,
-                         num_gpu_blocks_override=config.engine.num_gpu_blocks_override,
-                         metrics=BackendMetrics(block_size_tokens=engine.block_size,
-                                                num_gpu_blocks=engine.stats.num_gpu_blocks))
+        self.engine = MockEngine(config.spec, config.engine, kv_pool)
         self.config = config
         self.step: StepResult | None = None
         self.first_add_s: float | None = None
 
+
+class _Backend(Target):
+    """What one gateway replica knows of one engine (a `dispatch.Target`)."""
+
+    def __init__(self, engine: _Engine) -> None:
+        config, stats = engine.config, engine.engine.stats
+        super().__init__(config.id, config.spec, host_tier_bytes=config.host_tier_bytes,
+                         num_gpu_blocks_override=config.engine.num_gpu_blocks_override,
+                         metrics=BackendMetrics(block_size_tokens=engine.engine.block_size,
+                                                num_gpu_blocks=stats.num_gpu_blocks))
+        self.source = engine
+
     def scrape(self) -> None:
         """What a scrape of vLLM's /metrics would read now."""
-        stats = self.engine.stats
+        stats = self.source.engine.stats
         self.metrics = replace(self.metrics, num_requests_waiting=stats.num_requests_waiting,
                                num_requests_running=stats.num_requests_running,
                                kv_cache_usage_ratio=stats.kv_cache_usage_ratio)
 
 
 class _Active:
-    """A request between decision and finish: its record, its ticket, what calibration needs."""
+    """A request between decision and finish: its record, its ticket, what calibration needs,
+    and the replica that routed it (which records its chain and calibrates from it)."""
 
-    __slots__ = ("record", "ticket", "request")
+    __slots__ = ("record", "ticket", "request", "replica")
 
-    def __init__(self, record: RequestRecord, ticket: Ticket, request: RoutableRequest) -> None:
-        self.record, self.ticket, self.request = record, ticket, request
+    def __init__(self, record: RequestRecord, ticket: Ticket, request: RoutableRequest, replica: Replica) -> None:
+        self.record, self.ticket, self.request, self.replica = record, ticket, request, replica
 
 
 class Simulator:
@@ -186,13 +197,16 @@ class Simulator:
         seed: seeds the policies' tie-breaks.
         model: the served model every request asks for (default: the fleet's first).
         observer: called with every decision's inputs and output.
+        topology: gateway replicas, what they share, the index's write-to-read lag
+            (`sim.replicas.Topology`; default: one gateway, records visible at once).
 
     Raises:
         ValueError: no backend serves ``model``.
     """
 
     def __init__(self, fleet: Fleet, policy: Policy, requests: Sequence[PreparedRequest], *, seed: int = 0,
-                 model: str | None = None, observer: DecisionObserver | None = None) -> None:
+                 model: str | None = None, observer: DecisionObserver | None = None,
+                 topology: Topology = Topology()) -> None:
         self.fleet, self.policy, self.requests, self.observer = fleet, policy, requests, observer
         self.model = model or fleet.served_models()[0]
         served = [b for b in fleet.backends if b.model == self.model]
@@ -201,12 +215,17 @@ class Simulator:
         # The KV store the backends share, sized in the engines' blocks (as the mock fleet does).
         self._kv_pool = None if fleet.kv_pool_bytes is None else SharedKVPool.with_capacity(
             fleet.kv_pool_bytes, kv_block_bytes(served[0].spec, served[0].engine.block_size_tokens))
-        self._backends = [_Backend(b, self._kv_pool) for b in served]
-        self._by_id = {b.id: b for b in self._backends}
-        self._position = {b.id: i for i, b in enumerate(self._backends)}
-        self._dispatch = Dispatcher(MemoryPrefixIndex(), policy, random.Random(seed),
-                                    BytesPerToken(fleet.bytes_per_token), block_size_bytes=fleet.block_size_bytes,
-                                    kv_pool_bytes=fleet.kv_pool_bytes)
+        self._engines = [_Engine(b, self._kv_pool) for b in served]
+        self._position = {e.config.id: i for i, e in enumerate(self._engines)}
+        self.topology = topology
+        self._replicas = build_replicas(topology, MemoryPrefixIndex(), policy, seed,
+                                        make_targets=lambda: [_Backend(e) for e in self._engines],
+                                        bytes_per_token=fleet.bytes_per_token,
+                                        block_size_bytes=fleet.block_size_bytes, kv_pool_bytes=fleet.kv_pool_bytes)
+        self._targets = [t for r in self._replicas for t in r.targets]  # every view, scraped together
+        self._spreader = Spreader(topology, seed)
+        self._records_due: list[tuple[float, int, Replica, Target, Sequence[int]]] = []  # index writes in flight
+        self._write_seq = itertools.count()
         self._active: dict[str, _Active] = {}
         self._records: dict[int, RequestRecord] = {}
         self._rejected: list[int] = []
@@ -219,8 +238,7 @@ class Simulator:
         n = len(reqs)
         t0 = reqs[0].arrival_s if reqs else 0.0
         interval = self.fleet.scrape_interval_s
-        for b in self._backends:
-            b.scrape()
+        self._scrape_all()
         next_scrape = t0 + interval
         steps: list[tuple[float, int]] = []  # (end_s, backend position): at most one per backend
         i = 0
@@ -234,43 +252,52 @@ class Simulator:
             kick: list[int] = []
             while steps and steps[0][0] == now:
                 _, pos = heapq.heappop(steps)
-                self._step_end(self._backends[pos], now)
+                self._step_end(self._engines[pos], now)
                 kick.append(pos)
             if next_scrape == now:
                 self._scrape_all()
                 next_scrape += interval
+            self._apply_records(now)
             while i < n and reqs[i].arrival_s == now:
                 pos = self._arrive(reqs[i], now)
                 if pos is not None:
                     kick.append(pos)
                 i += 1
             for pos in sorted(set(kick)):
-                b = self._backends[pos]
+                b = self._engines[pos]
                 if b.step is None and b.engine.has_unfinished():
                     b.step = b.engine.step(now)
                     heapq.heappush(steps, (b.step.end_s, pos))
         end = max((r.finish_s for r in self._records.values() if r.finish_s is not None), default=t0)
         energy = {}
-        for b in self._backends:
+        for b in self._engines:
             idle_before = b.config.spec.idle_power_w * ((b.first_add_s if b.first_add_s is not None else end) - t0)
-            energy[b.id] = b.engine.energy_j(end) + idle_before
+            energy[b.config.id] = b.engine.energy_j(end) + idle_before
         records = [self._records[k] for k in sorted(self._records)]
         return SimResult(self.policy.name, records, self._rejected, t0, end, energy,
-                         tuple(b.config for b in self._backends), time.perf_counter() - started)
+                         tuple(b.config for b in self._engines), time.perf_counter() - started)
 
     def _scrape_all(self) -> None:
-        for b in self._backends:
-            b.scrape()
+        for target in self._targets:
+            target.scrape()  # type: ignore[attr-defined]  # every target here is a _Backend
+
+    def _apply_records(self, now: float) -> None:
+        """Index writes that became visible by ``now`` (``topology.index_lag_s`` after their first token)."""
+        due = self._records_due
+        while due and due[0][0] <= now:
+            _, _, replica, target, hashes = heapq.heappop(due)
+            run_now(replica.dispatch.record(self.model, target, hashes))
 
     # -- routing: the gateway's pipeline (dispatch) ---------------------------------------
     def _arrive(self, req: PreparedRequest, now: float) -> int | None:
         """Route one request and hand it to the chosen engine; its backend's position, or None."""
         request = RoutableRequest(self.model, req.hashes, req.prompt_bytes, req.max_tokens)
-        plan = run_now(self._dispatch.plan(request, self._backends))
+        replica = self._replicas[self._spreader.pick()]
+        plan = run_now(replica.dispatch.plan(request, replica.targets))
         if self.observer is not None:
             self.observer(DecisionEvent(now, req.index, plan.features, plan.views, plan.decision))
         cand = plan.decision.chosen
-        b = self._by_id[cand.backend_id]
+        b = self._engines[self._position[cand.backend_id]]
         rid = str(req.index)
         try:
             b.engine.add_request(rid, token_ids(req), max_tokens=req.max_tokens, arrival_s=now)
@@ -281,13 +308,13 @@ class Simulator:
         record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_crossover,
                                est.regime.value, est.ttft_s)
         self._records[req.index] = record
-        self._active[rid] = _Active(record, self._dispatch.charge(plan, cand), request)
+        self._active[rid] = _Active(record, replica.dispatch.charge(plan, cand), request, replica)
         if b.first_add_s is None:
             b.first_add_s = now
         return self._position[cand.backend_id]
 
     # -- engine outputs (the gateway's relay: first byte, record, finish, usage) ------------
-    def _step_end(self, b: _Backend, now: float) -> None:
+    def _step_end(self, b: _Engine, now: float) -> None:
         step, b.step = b.step, None
         assert step is not None
         for out in step.outputs:
@@ -299,11 +326,16 @@ class Simulator:
                 record.cached_host_tokens = out.cached_host_tokens
                 record.cached_kv_pool_tokens = out.cached_kv_pool_tokens
                 act.ticket.first_byte()
-                run_now(self._dispatch.record(self.model, b, act.request.hashes))
+                target = act.replica.by_id[b.config.id]
+                if self.topology.index_lag_s == 0:
+                    run_now(act.replica.dispatch.record(self.model, target, act.request.hashes))
+                else:
+                    heapq.heappush(self._records_due, (now + self.topology.index_lag_s, next(self._write_seq),
+                                                       act.replica, target, act.request.hashes))
             if out.finished:
                 record.finish_s = now
                 act.ticket.finish()
-                self._dispatch.observe_prompt_tokens(self.model, act.request.prompt_bytes, out.prompt_tokens)
+                act.replica.dispatch.observe_prompt_tokens(self.model, act.request.prompt_bytes, out.prompt_tokens)
                 del self._active[out.request_id]
 
 
@@ -316,6 +348,6 @@ def _next_grid_point(t0: float, interval: float, now: float) -> float:
 
 
 def simulate(fleet: Fleet, policy: Policy, requests: Sequence[PreparedRequest], *, seed: int = 0,
-             observer: DecisionObserver | None = None) -> SimResult:
+             observer: DecisionObserver | None = None, topology: Topology = Topology()) -> SimResult:
     """Run ``requests`` through ``fleet`` under ``policy`` (see `Simulator`)."""
-    return Simulator(fleet, policy, requests, seed=seed, observer=observer).run()
+    return Simulator(fleet, policy, requests, seed=seed, observer=observer, topology=topology).run()

@@ -166,6 +166,10 @@ def sim_cmd(
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="arrivals this many times as frequent, > 0")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="tie-break (and workload) seed")] = 0,
     kv_pool_gb: Annotated[float | None, typer.Option("--kv-pool-gb", help="give the fleet a shared KV pool of this many GB, > 0 (replaces the config's kv_pool)")] = None,
+    gateway_replicas: Annotated[int, typer.Option("--gateway-replicas", min=1, help="gateway replicas routing the trace (a load balancer spreads requests over them)")] = 1,
+    replica_state: Annotated[str, typer.Option("--replica-state", help="local: each replica its own ledgers and in-flight chains (today's gateway); shared: one set, as read from Redis")] = "local",
+    index_lag_ms: Annotated[float, typer.Option("--index-lag-ms", min=0.0, help="ms from a first token to its chain being visible in the shared index")] = 0.0,
+    balancer: Annotated[str, typer.Option("--balancer", help="round-robin | random: how requests reach the replicas")] = "round-robin",
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Compare routing policies on a trace and fleet in virtual time (the real router and index, mock engines)."""
@@ -177,8 +181,15 @@ def sim_cmd(
         raise typer.BadParameter(f"must be > 0, got {kv_pool_gb:g}", param_hint="--kv-pool-gb")
     load_config(fleet)  # fail early, with the path, on a bad config
     names = [p.strip() for p in policies.split(",") if p.strip()]
+    from sim.replicas import Topology
+
     try:
-        report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed, kv_pool_gb=kv_pool_gb)
+        topology = Topology(gateway_replicas, replica_state, index_lag_ms / 1000, balancer)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed, kv_pool_gb=kv_pool_gb,
+                         topology=topology)
     except ValueError as exc:  # both/neither of --trace and --workload, unknown workload or policy, bad trace
         raise typer.BadParameter(str(exc)) from exc
     if as_json:

@@ -19,6 +19,7 @@ from fleet_config.catalog import default_catalog
 from fleet_config.settings import KvPoolSection, load_settings
 from sim.fleet import fleet_from_settings
 from sim.lower_bound import lower_bound_ratios, lower_bound_summary, lower_bound_ttfts
+from sim.replicas import Topology
 from sim.report import DEFAULT_TTFT_SLO_S, policy_report
 from sim.runner import run_policies, scale_rate
 from sim.traces import TraceRequest, load_trace
@@ -47,7 +48,8 @@ def load_requests(trace: Path | None, workload: str | None, limit: int | None, s
 
 def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: list[str], limit: int | None,
             rate_scale: float, seed: int, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
-            workers: int | None = None, kv_pool_gb: float | None = None) -> dict[str, Any]:
+            workers: int | None = None, kv_pool_gb: float | None = None,
+            topology: Topology = Topology()) -> dict[str, Any]:
     """Simulate every policy on the trace (or workload) and fleet; one report per policy.
 
     Args:
@@ -62,6 +64,7 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
         workers: processes for the runs (None: one per policy, up to the CPUs).
         kv_pool_gb: give the fleet a shared KV pool of this many GB (the config's ``kv_pool``
             section, replacing any it has, with its default link), to see what one would buy.
+        topology: gateway replicas, what they share, the index's write-to-read lag.
 
     Returns:
         ``{"policies": {name: sim.report.policy_report(...) plus the
@@ -79,7 +82,7 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
     sim_fleet = fleet_from_settings(settings, default_catalog())
     requests = scale_rate(load_requests(trace, workload, limit, seed), rate_scale)
     params = {settings.routing.policy: settings.routing.params}
-    results = run_policies(requests, sim_fleet, policies, seed=seed, params=params, workers=workers)
+    results = run_policies(requests, sim_fleet, policies, seed=seed, params=params, workers=workers, topology=topology)
     model = sim_fleet.served_models()[0]
     bounds = lower_bound_ttfts(requests, [b for b in sim_fleet.backends if b.model == model])
     return {
@@ -88,6 +91,8 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
         "run": {"trace": str(trace) if trace else None, "workload": workload, "fleet": str(fleet),
                 "requests": len(requests), "rate_scale": rate_scale, "seed": seed, "ttft_slo_s": ttft_slo_s,
                 "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
+                "gateway_replicas": topology.replicas, "replica_state": topology.state,
+                "index_lag_s": topology.index_lag_s, "balancer": topology.balancer,
                 "lower_bound": lower_bound_summary(bounds), "wall_s": round(time.perf_counter() - started, 1)},
     }
 
