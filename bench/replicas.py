@@ -5,7 +5,8 @@ heterogeneous fleet, κ routing runs with N = 1, 2, 4, 8 gateway replicas
 (`sim.replicas.Topology`: requests spread round-robin, one shared index whose records
 become visible ``--index-lag-ms`` after the first token), once with each replica's own
 ledgers and in-flight chains (``local``: today's gateway) and once with them shared
-(``shared``: read from Redis in the match's round trip). Reports p50/p90 TTFT, prefix-hit
+(``shared``: the ideal), and once as the live gateway shares them (``synced``: ledger totals
+exchanged every 50 ms, chains recorded in the index at decision time). Reports p50/p90 TTFT, prefix-hit
 ratio and goodput, and each row's p90 against N = 1 with the same state.
 
 Writes ``bench/results/replicas.json`` and prints the markdown table BENCHMARKS.md shows::
@@ -37,7 +38,7 @@ from sim.workloads import build_workload  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 MOONCAKE = REPO.parent / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
 REPLICAS = (1, 2, 4, 8)
-STATES = ("local", "shared")
+STATES = ("local", "synced", "shared")
 WORKLOADS = ("document-qa", "agentic-coding")
 FLEET = "heterogeneous"
 

@@ -26,12 +26,30 @@ class Ledger:
         outstanding_prefill_s: predicted prefill seconds of those not yet past their first byte.
         recorded_blocks: index blocks recorded for the backend since it was last forgotten (its
             "tree size", for prefix-affinity's smallest-cache rule); approximate.
+        peer_in_flight, peer_kv_demand_bytes, peer_outstanding_prefill_s: the same charges of
+            the other gateway replicas, as last synced (`gateway.peers`); 0 with one gateway.
+            Routing sees own + peer (`total_*`); tickets change only the own figures.
     """
 
     in_flight: int = 0
     kv_demand_bytes: float = 0.0
     outstanding_prefill_s: float = 0.0
     recorded_blocks: int = 0
+    peer_in_flight: int = 0
+    peer_kv_demand_bytes: float = 0.0
+    peer_outstanding_prefill_s: float = 0.0
+
+    @property
+    def total_in_flight(self) -> int:
+        return self.in_flight + self.peer_in_flight
+
+    @property
+    def total_kv_demand_bytes(self) -> float:
+        return self.kv_demand_bytes + self.peer_kv_demand_bytes
+
+    @property
+    def total_outstanding_prefill_s(self) -> float:
+        return self.outstanding_prefill_s + self.peer_outstanding_prefill_s
 
 
 class Ticket:

@@ -285,8 +285,8 @@ def _view(target: Target, match: BlockMatch, capacity: TierCapacity) -> BackendV
         matched_blocks=match.matched_blocks, hbm_blocks=match.hbm_blocks, host_blocks=match.host_blocks,
         kv_pool_blocks=match.kv_pool_blocks, in_flight_blocks=match.in_flight_blocks,
         cached_blocks=min(ledger.recorded_blocks, capacity.total_blocks),
-        in_flight=ledger.in_flight, kv_demand_bytes=ledger.kv_demand_bytes,
-        outstanding_prefill_s=ledger.outstanding_prefill_s, kv_capacity_bytes=target.kv_capacity_bytes,
+        in_flight=ledger.total_in_flight, kv_demand_bytes=ledger.total_kv_demand_bytes,
+        outstanding_prefill_s=ledger.total_outstanding_prefill_s, kv_capacity_bytes=target.kv_capacity_bytes,
         num_requests_waiting=m.num_requests_waiting, num_requests_running=m.num_requests_running,
         kv_cache_usage_ratio=m.kv_cache_usage_ratio,
     )

@@ -8,8 +8,15 @@ on one shared Redis index. What each replica then knows is the question (issue: 
   outstanding prefill seconds), bytes/token calibration and policy state (round-robin's turn)
   — so each sees only the 1/N of the fleet's load it routed itself;
 - ``shared`` state: the replicas read one set of ledgers and one in-flight set, as if each
-  decision read them from Redis in the same round trip as the index match (the design the
-  measurement argues for); calibration, policy state and tie-breaks stay per replica.
+  decision read them from Redis at no delay: the ideal any sharing design approaches;
+- ``synced`` state (the live gateway's design, `gateway.peers`): each replica keeps its own
+  ledgers and adds the others' totals as last synced, every ``sync_interval_s`` (a background
+  exchange through Redis, no round trip on the request path); and each replica records a
+  request's chain in the shared index at decision time (not at its first token), so the
+  other replicas see prefills in flight through the index itself, ``index_lag_s`` later.
+  Between syncs a replica sees the others' load as it was at the last sync.
+
+Calibration, policy state (round-robin's turn) and tie-breaks are per replica in every state.
 
 In both, the prefix index is one store (Redis) that a record reaches ``index_lag_s`` after
 the first token (the write's round trip and the gateway's asynchronous record), and every
@@ -30,7 +37,7 @@ from prefix_index import PrefixIndex
 from router.calibration import BytesPerToken
 from router.policies import Policy
 
-ReplicaState = Literal["local", "shared"]
+ReplicaState = Literal["local", "shared", "synced"]
 Balancer = Literal["round-robin", "random"]
 
 
@@ -41,21 +48,30 @@ class Topology:
     Attributes:
         replicas: gateway replicas (≥ 1).
         state: ``local`` (each replica's own ledgers and in-flight chains) or ``shared``.
-        index_lag_s: seconds from a first token to its chain being visible in the index, ≥ 0.
+        index_lag_s: seconds from a record (first token; decision when ``synced``) to its chain
+            being visible in the index, ≥ 0.
         balancer: how requests are spread over replicas.
+        sync_interval_s: ``synced`` state: seconds between two exchanges of ledger totals, > 0.
     """
 
     replicas: int = 1
     state: ReplicaState = "local"
     index_lag_s: float = 0.0
     balancer: Balancer = "round-robin"
+    sync_interval_s: float = 0.05
+
+    @property
+    def record_at_decision(self) -> bool:
+        return self.state == "synced"
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.index_lag_s < 0:
             raise ValueError(f"index_lag_s must be >= 0, got {self.index_lag_s}")
-        if self.state not in ("local", "shared") or self.balancer not in ("round-robin", "random"):
+        if self.sync_interval_s <= 0:
+            raise ValueError(f"sync_interval_s must be > 0, got {self.sync_interval_s}")
+        if self.state not in ("local", "shared", "synced") or self.balancer not in ("round-robin", "random"):
             raise ValueError(f"unknown state {self.state!r} or balancer {self.balancer!r}")
 
 
@@ -89,6 +105,19 @@ def build_replicas(topology: Topology, index: PrefixIndex, policy: Policy, seed:
             dispatcher.pending = replicas[0].dispatch.pending  # one in-flight set, as read from Redis
         replicas.append(Replica(dispatcher, targets, {t.id: t for t in targets}))
     return replicas
+
+
+def sync_peers(replicas: list[Replica]) -> None:
+    """Each replica's ledgers learn the other replicas' own charges (the ``synced`` exchange)."""
+    for backend_id in replicas[0].by_id:
+        ledgers = [r.by_id[backend_id].ledger for r in replicas]
+        in_flight = sum(x.in_flight for x in ledgers)
+        kv = sum(x.kv_demand_bytes for x in ledgers)
+        prefill = sum(x.outstanding_prefill_s for x in ledgers)
+        for x in ledgers:
+            x.peer_in_flight = in_flight - x.in_flight
+            x.peer_kv_demand_bytes = kv - x.kv_demand_bytes
+            x.peer_outstanding_prefill_s = prefill - x.outstanding_prefill_s
 
 
 class Spreader:

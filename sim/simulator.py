@@ -56,7 +56,7 @@ from router.policies import Policy
 from router.types import BackendView, Decision, RequestFeatures
 from sim.fleet import Fleet, SimBackend
 from sim.prompts import PreparedRequest, token_ids
-from sim.replicas import Replica, Spreader, Topology, build_replicas
+from sim.replicas import Replica, Spreader, Topology, build_replicas, sync_peers
 
 T = TypeVar("T")
 
@@ -237,6 +237,7 @@ class Simulator:
         reqs = sorted(self.requests, key=lambda r: (r.arrival_s, r.index))
         n = len(reqs)
         t0 = reqs[0].arrival_s if reqs else 0.0
+        self._t0 = self._next_sync_s = t0
         interval = self.fleet.scrape_interval_s
         self._scrape_all()
         next_scrape = t0 + interval
@@ -281,6 +282,14 @@ class Simulator:
         for target in self._targets:
             target.scrape()  # type: ignore[attr-defined]  # every target here is a _Backend
 
+    def _record(self, replica: Replica, target: Target, hashes: Sequence[int], now: float) -> None:
+        """Tell the shared index ``target`` caches ``hashes``: visible ``index_lag_s`` from ``now``."""
+        if self.topology.index_lag_s == 0:
+            run_now(replica.dispatch.record(self.model, target, hashes))
+        else:
+            heapq.heappush(self._records_due, (now + self.topology.index_lag_s, next(self._write_seq), replica,
+                                               target, hashes))
+
     def _apply_records(self, now: float) -> None:
         """Index writes that became visible by ``now`` (``topology.index_lag_s`` after their first token)."""
         due = self._records_due
@@ -293,6 +302,10 @@ class Simulator:
         """Route one request and hand it to the chosen engine; its backend's position, or None."""
         request = RoutableRequest(self.model, req.hashes, req.prompt_bytes, req.max_tokens)
         replica = self._replicas[self._spreader.pick()]
+        if self.topology.state == "synced" and now >= self._next_sync_s:
+            sync_peers(self._replicas)  # the state as of now, at most one sync interval late
+            every = self.topology.sync_interval_s
+            self._next_sync_s = self._t0 + (math.floor((now - self._t0) / every) + 1) * every
         plan = run_now(replica.dispatch.plan(request, replica.targets))
         if self.observer is not None:
             self.observer(DecisionEvent(now, req.index, plan.features, plan.views, plan.decision))
@@ -309,6 +322,8 @@ class Simulator:
                                est.regime.value, est.ttft_s)
         self._records[req.index] = record
         self._active[rid] = _Active(record, replica.dispatch.charge(plan, cand), request, replica)
+        if self.topology.record_at_decision:
+            self._record(replica, replica.by_id[cand.backend_id], request.hashes, now)
         if b.first_add_s is None:
             b.first_add_s = now
         return self._position[cand.backend_id]
@@ -326,12 +341,8 @@ class Simulator:
                 record.cached_host_tokens = out.cached_host_tokens
                 record.cached_kv_pool_tokens = out.cached_kv_pool_tokens
                 act.ticket.first_byte()
-                target = act.replica.by_id[b.config.id]
-                if self.topology.index_lag_s == 0:
-                    run_now(act.replica.dispatch.record(self.model, target, act.request.hashes))
-                else:
-                    heapq.heappush(self._records_due, (now + self.topology.index_lag_s, next(self._write_seq),
-                                                       act.replica, target, act.request.hashes))
+                if not self.topology.record_at_decision:
+                    self._record(act.replica, act.replica.by_id[b.config.id], act.request.hashes, now)
             if out.finished:
                 record.finish_s = now
                 act.ticket.finish()
