@@ -117,8 +117,10 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         waited = Bound(min(try_s, idle_s), idle=idle_s < try_s)
         whole = Bound(try_s, idle=False)
         state = plan.targets[candidate.backend_id]
-        idle = state.ledger.in_flight == 0
+        idle = state.ledger.total_in_flight == 0  # no other replica's request either (gateway.peers)
         ticket = gw.routing.charge(plan, candidate)
+        if gw.peers is not None:  # other replicas learn of the prefill in flight through the index (gateway.peers)
+            gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes))
         up_headers = headers.copy()
         up_headers["X-Request-Id"] = attempt_request_id(request_id)
         attempt = asyncio.ensure_future(open_response(

@@ -14,8 +14,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
+import redis.asyncio as redis
 
 from gateway.backends import BackendSet, BackendState
+from gateway.peers import PeerLoad
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.state import GatewayState
@@ -35,6 +37,20 @@ def make_index(settings: Settings) -> PrefixIndex:
         assert cfg.redis_url is not None  # validated by IndexSection
         return RedisPrefixIndex.from_url(cfg.redis_url, key_prefix=cfg.key_prefix, timeout_s=cfg.timeout_s)
     return MemoryPrefixIndex()
+
+
+def open_peers(settings: Settings, states: list[BackendState], telemetry: Telemetry) -> PeerLoad:
+    """The load exchange with the other replicas on the index's Redis (`gateway.peers`)."""
+    cfg = settings.index
+    assert cfg.redis_url is not None  # validated by IndexSection
+
+    def synced(replicas: int, ok: bool) -> None:
+        telemetry.peer_replicas.set(replicas)
+        if not ok:
+            telemetry.peer_sync_errors.inc()
+
+    client = redis.Redis.from_url(cfg.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    return PeerLoad(client, cfg.key_prefix, states, sync_interval_s=cfg.load_sync_interval_s, on_sync=synced)
 
 
 @asynccontextmanager
@@ -72,6 +88,11 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock)
         await backends.start()
         stack.push_async_callback(backends.stop)
+        if settings.index.backend == "redis" and settings.index.share_load:
+            state.peers = open_peers(settings, states, telemetry)
+            state.peers.start()
+            stack.push_async_callback(state.peers.client.aclose)
+            stack.push_async_callback(state.peers.stop)
         stack.push_async_callback(state.drain)
         healthy = sum(s.healthy for s in states)
         log.info("gateway ready: %d/%d backends healthy, policy %s, %s index", healthy, len(states),

@@ -126,8 +126,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         if slot is not None:
             slot.release_body()  # no retry can re-send it now
         resp = sent.resp
-        if resp.status < 400:  # the backend ran the prefill: its cache now holds the chain
-            gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes))
+        if resp.status < 400 and gw.peers is None:  # the backend ran the prefill: its cache holds the chain
+            gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes))  # (with peers: recorded when sent)
         relay = Relay(gw, plan, sent, received_s, request_id=request_id, route=kind,
                       request_bytes=len(raw))
         headers = {**response_headers(resp.headers), **kappa_headers(sent.candidate, request_id)}

@@ -18,6 +18,7 @@ from gateway.access_log import AccessLog
 from gateway.admission import Admission
 from gateway.auth import KeyCheck
 from gateway.backends import BackendSet
+from gateway.peers import PeerLoad
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.telemetry import Telemetry
@@ -40,6 +41,7 @@ class GatewayState:
     keys: KeyCheck = field(init=False)
     admission: Admission = field(init=False)
     access_log: AccessLog = field(init=False)
+    peers: PeerLoad | None = None  # the load exchange with other replicas (Redis index only)
     ready: bool = False
     draining: bool = False  # SIGTERM seen: /ready answers 503 so load balancers stop sending
     streams: set[Any] = field(default_factory=set)  # open stream relays (`gateway.relay.Relay`)

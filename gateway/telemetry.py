@@ -22,6 +22,8 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 | ``gateway_index_errors_total`` | counter | op |
 | ``gateway_index_seconds`` | histogram | op |
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
+| ``gateway_peer_replicas`` | gauge | (replicas seen at the last load exchange, `gateway.peers`) |
+| ``gateway_peer_sync_errors_total`` | counter | |
 """
 
 from __future__ import annotations
@@ -94,6 +96,11 @@ class Telemetry:
                                        buckets=DECISION_BUCKETS, registry=r)
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
                                      ["model"], registry=r)
+        self.peer_replicas = Gauge("gateway_peer_replicas", "Gateway replicas whose load this one saw at its last "
+                                   "exchange, itself included (gateway.peers; 1 without Redis).", registry=r)
+        self.peer_sync_errors = Counter("gateway_peer_sync_errors", "Load exchanges with the other replicas "
+                                        "that failed (Redis trouble).", registry=r)
+        self.peer_replicas.set(1)
 
         self._backends: dict[str, BackendSeries] = {}
         self._outcomes: dict[tuple[str, str, str, str, str], object] = {}

@@ -81,6 +81,8 @@ async def backends(gw: State) -> dict:
             "c_eff_flops_per_s": spec.c_eff_flops_per_s, "link_bytes_per_s": spec.link_bytes_per_s,
             "kv_pool_link_bytes_per_s": spec.kv_pool_link_bytes_per_s or None,
             "in_flight": s.ledger.in_flight, "kv_demand_bytes": s.ledger.kv_demand_bytes,
+            "peer_in_flight": s.ledger.peer_in_flight, "peer_kv_demand_bytes": s.ledger.peer_kv_demand_bytes,
+            "peer_outstanding_prefill_s": s.ledger.peer_outstanding_prefill_s,
             "kv_capacity_bytes": s.kv_capacity_bytes, "host_tier_bytes": s.host_tier_bytes,
             "outstanding_prefill_s": s.ledger.outstanding_prefill_s,
             "num_requests_waiting": m.num_requests_waiting, "num_requests_running": m.num_requests_running,
@@ -92,8 +94,10 @@ async def backends(gw: State) -> dict:
         "capacity_bytes": section.capacity_gb * GB,
         "cached_blocks": None if index_blocks is None else index_blocks.get(KV_POOL_ID, 0),
     }
+    peers = None if gw.peers is None else {"replica_id": gw.peers.id, "replicas_seen": gw.peers.replicas_seen,
+                                           "sync_interval_s": gw.peers.interval_s}
     return {"backends": out, "policy": gw.settings.routing.policy, "index": gw.settings.index.backend,
-            "kv_pool": kv_pool}
+            "kv_pool": kv_pool, "peers": peers}
 
 
 @kappa_router.post("/route")

@@ -1,0 +1,155 @@
+"""Gateway replicas share their load: each publishes its ledgers' totals and reads the others'.
+
+Several gateway processes (``serve --workers N``, Kubernetes replicas) in front of one fleet
+each charge only the requests they routed; alone, each would see 1/N of every backend's
+in-flight count, KV demand and queued prefill seconds, and κ routing would pile work on
+backends the others already loaded (measured in the simulator: ``bench/replicas.py``,
+``--replica-state local`` vs ``synced``). So, through the Redis the index already uses:
+
+- every ``sync_interval_s`` (default 50 ms), off the request path, a replica writes its own
+  per-backend totals to its hash ``P:{peers}:r:<replica id>`` with a lease (``PEXPIRE``,
+  ``lease_s``), adds its id to ``P:{peers}:members``, then reads every other member's hash
+  and sets each backend ledger's ``peer_*`` figures to their sum (`dispatch.Ledger`);
+- a replica that stops (crash, kill -9) stops renewing its lease: its hash expires and its
+  charges vanish from the others' view within ``lease_s``; readers drop expired members;
+- the chains of requests in flight reach the other replicas through the index itself: with
+  peers on, a request's chain is recorded when it is sent, not at its first byte
+  (`gateway.attempts`), so another replica routes a question about a document whose prefill
+  is still running to where it runs.
+
+Consistency: eventual. A replica sees the others' load as of their last publication (at
+most ``sync_interval_s`` plus one round trip old), its own exactly. No request waits on
+this exchange; Redis trouble leaves the last figures in place until their lease would have
+run out, then zeroes them (each replica falls back to its own view), counted in
+``gateway_peer_sync_errors_total``. The ``{peers}`` hash tag keeps every key of the
+exchange in one Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Sequence
+
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from dispatch import Target
+
+log = logging.getLogger("kappa_gateway.peers")
+
+DEFAULT_SYNC_INTERVAL_S = 0.05
+LEASE_INTERVALS = 20  # a replica's figures outlive it by this many sync intervals (1 s by default)
+
+
+def replica_id() -> str:
+    """This process's id among the replicas: host, pid and a random suffix (a restarted pid differs)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _pack(target: Target) -> str:
+    ledger = target.ledger
+    return f"{ledger.in_flight} {ledger.kv_demand_bytes:.0f} {ledger.outstanding_prefill_s:.6f}"
+
+
+class PeerLoad:
+    """The exchange (module docstring). Owns nothing but its Redis client.
+
+    Args:
+        client: a redis-py asyncio client (the index's Redis).
+        key_prefix: the index's key prefix.
+        targets: this replica's backends (their ledgers are read and their ``peer_*`` set).
+        sync_interval_s: seconds between exchanges, > 0.
+        on_sync: called after each exchange with (replicas seen, ok).
+    """
+
+    def __init__(self, client: redis.Redis, key_prefix: str, targets: Sequence[Target], *,
+                 sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S,
+                 on_sync: Callable[[int, bool], None] | None = None) -> None:
+        self.client, self.targets = client, list(targets)
+        self.id = replica_id()
+        self.interval_s = sync_interval_s
+        self.lease_ms = max(int(sync_interval_s * LEASE_INTERVALS * 1000), 1000)
+        self.members_key = f"{key_prefix}:{{peers}}:members"
+        self._prefix = f"{key_prefix}:{{peers}}:r:"
+        self.replicas_seen = 1
+        self._on_sync = on_sync
+        self._last_ok_s: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="gateway-peer-load")
+
+    async def stop(self) -> None:
+        """Stop exchanging and withdraw this replica's figures (a clean stop needs no lease to run out)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            async with asyncio.timeout(1.0):
+                await self.client.pipeline(transaction=False).unlink(self._prefix + self.id).srem(
+                    self.members_key, self.id).execute()
+        except (RedisError, OSError, TimeoutError):
+            pass  # the lease ends it
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            ok = True
+            try:
+                async with asyncio.timeout(max(self.interval_s * 4, 0.5)):
+                    await self.sync()
+                self._last_ok_s = started
+            except (RedisError, OSError, TimeoutError) as exc:
+                ok = False
+                if self._last_ok_s is None or started - self._last_ok_s > self.lease_ms / 1000:
+                    self._clear()  # the others' figures are older than their lease: fall back to our own
+                log.debug("peer load exchange failed: %r", exc)
+            if self._on_sync is not None:
+                self._on_sync(self.replicas_seen, ok)
+            await asyncio.sleep(max(self.interval_s - (loop.time() - started), 0.0))
+
+    async def sync(self) -> None:
+        """One exchange: publish ours, read the others', set ``peer_*`` (raises RedisError)."""
+        own = {t.id: _pack(t) for t in self.targets}
+        key = self._prefix + self.id
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(key, mapping=own).pexpire(key, self.lease_ms).sadd(self.members_key, self.id)
+        pipe.smembers(self.members_key)
+        *_, members = await pipe.execute()
+        others = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+        others = [m for m in others if m != self.id]
+        pipe = self.client.pipeline(transaction=False)
+        for member in others:
+            pipe.hgetall(self._prefix + member)
+        tables = await pipe.execute() if others else []
+        sums: dict[str, list[float]] = {t.id: [0, 0.0, 0.0] for t in self.targets}
+        gone = []
+        for member, table in zip(others, tables, strict=True):
+            if not table:
+                gone.append(member)
+                continue
+            for backend, packed in table.items():
+                row = sums.get(backend.decode() if isinstance(backend, bytes) else backend)
+                if row is None:
+                    continue  # a backend this replica's config does not have
+                for i, value in enumerate((packed.decode() if isinstance(packed, bytes) else packed).split()):
+                    row[i] += float(value)
+        if gone:
+            await self.client.srem(self.members_key, *gone)
+        for t in self.targets:
+            in_flight, kv, prefill = sums[t.id]
+            t.ledger.peer_in_flight = int(in_flight)
+            t.ledger.peer_kv_demand_bytes = kv
+            t.ledger.peer_outstanding_prefill_s = prefill
+        self.replicas_seen = 1 + len(others) - len(gone)
+
+    def _clear(self) -> None:
+        for t in self.targets:
+            t.ledger.peer_in_flight = 0
+            t.ledger.peer_kv_demand_bytes = t.ledger.peer_outstanding_prefill_s = 0.0
+        self.replicas_seen = 1

@@ -1,0 +1,121 @@
+"""Gateway replicas on one Redis see each other's load and prefills in flight (gateway.peers).
+
+Real gateways (two in threads; one as a ``serve`` process killed with SIGKILL) on a real
+redis-server, in front of real fake upstreams that hang, so requests stay in flight.
+Before this, each replica saw only its own requests: the other's in-flight count read 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from gateway.commands.processes import free_port, stop_processes
+from tests.integration.gateway_support import backend_doc, poll, redis_index, run_fakes, run_gateway
+from tests.reliability.relay_support import REPO_ROOT, get_status
+from tests.support.fake_upstream import Script
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(90)]
+
+MODEL = "llama-3.1-8b"
+DOCUMENT = "The annual report of a company that makes ball bearings. " * 400
+
+
+def chat(question: str) -> dict:
+    return {"model": MODEL, "max_tokens": 8,
+            "messages": [{"role": "system", "content": DOCUMENT}, {"role": "user", "content": question}]}
+
+
+def backends_of(http: httpx.Client) -> dict[str, dict]:
+    return {b["id"]: b for b in http.get("/v1/kappa/backends").json()["backends"]}
+
+
+def hold(url: str, n: int) -> list[threading.Thread]:
+    """``n`` requests that wait on a hanging backend until the first-byte deadline (or their
+    gateway dies: what they get back is not under test)."""
+    def one() -> None:
+        try:
+            httpx.post(f"{url}/v1/chat/completions", json=chat("q"), timeout=30)
+        except httpx.HTTPError:
+            pass
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_a_replica_sees_the_others_requests_in_flight_until_they_end(redis_url: str, key_prefix: str) -> None:
+    hang = Script(mode="hang")
+    edge = {"upstream_first_byte_timeout_s": 4}
+    with ExitStack() as stack:
+        (url,) = stack.enter_context(run_fakes([hang]))
+        index = stack.enter_context(redis_index(redis_url, key_prefix))
+        index["load_sync_interval_s"] = 0.02
+        a = stack.enter_context(run_gateway([backend_doc("x", url)], index=index, gateway=edge))
+        b = stack.enter_context(run_gateway([backend_doc("x", url)], index=index, gateway=edge))
+        poll(lambda: b.http.get("/v1/kappa/backends").json()["peers"]["replicas_seen"] == 2, "the replicas to meet")
+        threads = hold(a.url, 3)
+        seen = poll(lambda: (x := backends_of(b.http)["x"])["peer_in_flight"] == 3 and x, "B to see A's requests")
+        assert seen["in_flight"] == 0 and seen["peer_kv_demand_bytes"] > 0
+        assert backends_of(a.http)["x"]["peer_in_flight"] == 0  # A counts its own as its own, not twice
+        for t in threads:
+            t.join()  # the deadline ends them (504)
+        poll(lambda: backends_of(b.http)["x"]["peer_in_flight"] == 0, "B to see them end")
+
+
+def test_a_prefill_in_flight_on_one_replica_is_matched_by_the_other(redis_url: str, key_prefix: str) -> None:
+    hang = Script(mode="hang")  # x never answers: A's request never reaches its first byte
+    with ExitStack() as stack:
+        (url,) = stack.enter_context(run_fakes([hang]))
+        index = stack.enter_context(redis_index(redis_url, key_prefix))
+        fleet = [backend_doc("x", url)]
+        a = stack.enter_context(run_gateway(fleet, index=index, gateway={"upstream_first_byte_timeout_s": 4}))
+        b = stack.enter_context(run_gateway(fleet, index=index))
+
+        def cached_on_b() -> int:
+            (x,) = b.http.post("/v1/kappa/route", json=chat("second question")).json()["candidates"]
+            return x["cached_hbm_tokens"]
+
+        assert cached_on_b() == 0
+        threads = hold(a.url, 1)
+        poll(lambda: len(hang.received) == 1, "A's request to reach x")
+        cached = poll(cached_on_b, "B to match the prefill A has in flight on x")
+        assert cached > len(DOCUMENT) // 8  # the document, not just a block
+        for t in threads:
+            t.join()
+
+
+def test_a_killed_replicas_load_vanishes_with_its_lease(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    hang = Script(mode="hang")
+    with ExitStack() as stack:
+        (url,) = stack.enter_context(run_fakes([hang]))
+        index = stack.enter_context(redis_index(redis_url, key_prefix))
+        port = free_port()
+        config = tmp_path / "fleet.yaml"
+        config.write_text(yaml.safe_dump({"gateway": {"port": port, "upstream_first_byte_timeout_s": 60},
+                                          "index": index, "backends": [backend_doc("x", url)]}))
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config), "--log-level",
+                                 "warning"], cwd=REPO_ROOT)
+        try:
+            poll(lambda: get_status(f"http://127.0.0.1:{port}", "/ready") == 200, "the process replica", timeout_s=30)
+            b = stack.enter_context(run_gateway([backend_doc("x", url)], index=index))
+            hold(f"http://127.0.0.1:{port}", 2)
+            poll(lambda: backends_of(b.http)["x"]["peer_in_flight"] == 2, "B to see the process's requests")
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            # No clean withdrawal: the lease (20 sync intervals, at least 1 s) must end it.
+            poll(lambda: backends_of(b.http)["x"]["peer_in_flight"] == 0, "the dead replica's load to expire",
+                 timeout_s=5)
+            assert b.http.get("/v1/kappa/backends").json()["peers"]["replicas_seen"] == 1
+        finally:
+            stop_processes([proc])
