@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dispatch import Dispatcher, Plan
 from gateway.backends import BackendSet, BackendState
@@ -60,12 +61,17 @@ class IndexTruth:
         self._kv_pool = kv_pool
         self._restarted_at_s: dict[str, float] = {}
         self._warned: set[tuple[str, str]] = set()
+        self._predictions: dict[tuple[str, str], Any] = {}  # (backend, outcome) -> its counter child
 
     def observe(self, plan: Plan, candidate: Candidate, reported_tokens: int) -> tuple[str, ...]:
         """Count one answer's outcome; return the holders its evidence makes stale (usually
         none), for `forget_stale` to drop off the request path."""
         check = self._dispatcher.observe_cached_tokens(plan, candidate, reported_tokens)
-        self._telemetry.index_predictions.labels(candidate.backend_id, check.outcome).inc()
+        key = (candidate.backend_id, check.outcome)
+        counter = self._predictions.get(key)
+        if counter is None:  # resolved once per series: labels() costs microseconds a call
+            counter = self._predictions[key] = self._telemetry.index_predictions.labels(*key)
+        counter.inc()
         return check.stale
 
     async def forget_stale(self, holders: Sequence[str], plan: Plan, state: BackendState) -> None:

@@ -30,7 +30,15 @@ from gateway.commands.fleet import mock_fleet
 from gateway.commands.processes import free_port
 from mock_vllm.app_factory import build_backend_app, standalone_settings
 from prefix_index import KV_POOL_ID
-from tests.integration.gateway_support import MOCK_MODEL, Gateway, backend_doc, poll, run_gateway, run_mocks
+from tests.integration.gateway_support import (
+    MOCK_MODEL,
+    Gateway,
+    backend_doc,
+    poll,
+    redis_index,
+    run_gateway,
+    run_mocks,
+)
 from tests.support.uvicorn_thread import serve_in_thread
 
 pytestmark = pytest.mark.integration
@@ -59,9 +67,19 @@ def credited(gw: Gateway, prompt: str) -> int | None:
     return None if tiers is None else sum(sum(t.values()) for t in tiers.values())
 
 
-def test_reset_prefix_cache_drops_the_backends_credit_within_three_requests() -> None:
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def index(request: pytest.FixtureRequest) -> Iterator[dict]:
+    """The gateway's ``index`` section: a fresh in-memory index, or Redis under a new key prefix."""
+    if request.param == "memory":
+        yield {"backend": "memory"}
+        return
+    with redis_index(request.getfixturevalue("redis_url"), request.getfixturevalue("key_prefix")) as section:
+        yield section
+
+
+def test_reset_prefix_cache_drops_the_backends_credit_within_three_requests(index: dict) -> None:
     prompts = [long_prompt() for _ in range(4)]
-    with run_mocks(1) as urls, run_gateway([backend_doc("a", urls[0])]) as gw, \
+    with run_mocks(1) as urls, run_gateway([backend_doc("a", urls[0])], index=index) as gw, \
             openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0) as client, \
             httpx.Client(base_url=urls[0]) as mock:
 
