@@ -12,7 +12,9 @@ simulator (`sim.simulator`), so both route by the same code:
 4. `router.types.RequestFeatures` and one `BackendView` per target, then `router.decide`;
 5. bookkeeping: `charge` opens a `Ticket` on the chosen target's ledger and marks its chain
    in flight; `record` tells the index the backend (and the pool) now caches the chain;
-   `forget` drops a restarted backend; `observe_prompt_tokens` calibrates bytes per token.
+   `forget` drops a restarted backend (`forget_kv_pool` the pool); `observe_prompt_tokens`
+   calibrates bytes per token; `observe_cached_tokens` checks the index's credit against what the
+   backend reported (`dispatch.evidence`) and names holders whose entries answers keep contradicting.
 
 Index trouble degrades routing (no prefix match), never the request: a failed call is
 reported to the `DispatchHooks` and the request is routed without matches. The pipeline
@@ -28,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
 from dispatch.ledger import Ticket
 from dispatch.target import Target
 from prefix_index import (
@@ -78,6 +81,8 @@ class Plan:
         decision: the ranking (``decision.chosen`` first, then where retries go).
         targets: the targets by id.
         index_ok: the index answered (False: routed without prefix matches).
+        index_epoch: `Dispatcher.forget_epoch` when it was routed (answers to requests routed
+            before a holder's entries were dropped are no evidence about the new ones).
     """
 
     request: RoutableRequest
@@ -86,6 +91,7 @@ class Plan:
     decision: Decision
     targets: dict[str, Target]
     index_ok: bool
+    index_epoch: int = 0
 
 
 class DispatchHooks(Protocol):
@@ -135,6 +141,8 @@ class Dispatcher:
         self.hooks = hooks
         self.clock: Callable[[], float] = clock or _no_clock
         self.pending = PendingChains()  # chains of the requests in flight, by backend
+        self.evidence = CachedTokensEvidence()  # answers' cached_tokens against the index's credit
+        self.forget_epoch = 0  # forgets so far (backends and pool)
         self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
 
     # -- capacities ----------------------------------------------------------------------
@@ -199,7 +207,7 @@ class Dispatcher:
             start = self.clock()
             decision = decide(self.policy, features, views, self.rng)
             self.hooks.decided(self.clock() - start)
-        return Plan(request, features, views, decision, {t.id: t for t in targets}, index_ok)
+        return Plan(request, features, views, decision, {t.id: t for t in targets}, index_ok, self.forget_epoch)
 
     async def _match(self, request: RoutableRequest,
                      capacities: dict[str, TierCapacity]) -> tuple[dict[str, BlockMatch], bool]:
@@ -253,16 +261,43 @@ class Dispatcher:
         if hooks is not None:
             hooks.index_answered("record", self.clock() - start)
 
-    async def forget(self, target: Target) -> None:
-        """Drop everything the index holds for a backend (it restarted with an empty cache)."""
+    async def forget(self, target: Target) -> bool:
+        """Drop everything the index holds for a backend (it restarted with an empty cache, or its
+        answers contradict its entries). Returns False if the index failed (reported to the hooks)."""
+        if not await self._forget(target.id):
+            return False
+        target.ledger.recorded_blocks = 0
+        return True
+
+    async def forget_kv_pool(self) -> bool:
+        """Drop everything the index holds for the shared KV pool (`KV_POOL_ID`). Returns False if
+        the index failed (reported to the hooks)."""
+        return await self._forget(KV_POOL_ID)
+
+    async def _forget(self, holder: str) -> bool:
         try:
-            await self.index.forget(target.id)
+            await self.index.forget(holder)
         except PrefixIndexError as exc:
             if self.hooks is None:
                 raise
             self.hooks.index_failed("forget", exc)
-            return
-        target.ledger.recorded_blocks = 0
+            return False
+        self.forget_epoch += 1
+        self.evidence.forgotten(holder, self.forget_epoch)
+        return True
+
+    def observe_cached_tokens(self, plan: Plan, candidate: Candidate, reported_tokens: int) -> CachedTokensCheck:
+        """Check the credit ``candidate`` was routed on against the ``cached_tokens`` its backend
+        reported (`dispatch.evidence.CachedTokensEvidence.observe`): the outcome within one block,
+        over or under, and the holders to forget (`forget`, `forget_kv_pool`), usually none."""
+        view = next((v for v in plan.views if v.backend_id == candidate.backend_id), None)
+        in_flight_blocks = view.in_flight_blocks if view is not None else 0
+        block_tokens = plan.features.block_size_tokens
+        return self.evidence.observe(
+            candidate.backend_id, local_tokens=candidate.cached_hbm_tokens + candidate.cached_host_tokens,
+            in_flight_tokens=min(int(in_flight_blocks * block_tokens), candidate.cached_hbm_tokens),
+            kv_pool_tokens=candidate.cached_kv_pool_tokens, reported_tokens=reported_tokens,
+            block_tokens=block_tokens, epoch=plan.index_epoch)
 
     def observe_prompt_tokens(self, model: str, prompt_bytes: int, prompt_tokens: int) -> bool:
         """Fold a response's ``usage.prompt_tokens`` into the bytes/token calibration; False if

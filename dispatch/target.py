@@ -28,6 +28,9 @@ class BackendMetrics:
         process_start_time_s: ``process_start_time_seconds`` (restart detection).
         prefix_cache_queries_tokens, prefix_cache_hits_tokens: ``vllm:prefix_cache_queries_total``
             / ``_hits_total`` (a counter that goes backwards means a restart).
+        prompt_tokens_total, generation_tokens_total: ``vllm:prompt_tokens_total`` /
+            ``vllm:generation_tokens_total``, tokens (restart detection, as above).
+        requests_succeeded_total: ``vllm:request_success_total`` summed over ``finished_reason``.
     """
 
     num_requests_waiting: int = 0
@@ -38,6 +41,9 @@ class BackendMetrics:
     process_start_time_s: float | None = None
     prefix_cache_queries_tokens: float = 0.0
     prefix_cache_hits_tokens: float = 0.0
+    prompt_tokens_total: float = 0.0
+    generation_tokens_total: float = 0.0
+    requests_succeeded_total: float = 0.0
 
 
 @dataclass(eq=False)

@@ -8,8 +8,12 @@ whatever its health checks say. Requests waiting for a backend's first byte watc
 `BackendSet.down_signal`, so they stop waiting the moment it leaves rotation.
 Scraping: ``GET /metrics`` every ``scrape_interval_s`` (`gateway.scrape`): queue depth, KV
 usage, block size and KV capacity from ``vllm:cache_config_info``, and
-``process_start_time_seconds`` — when it changes, or the prefix-cache counters go
-backwards, the backend restarted with an empty cache and the index forgets it.
+``process_start_time_seconds`` — when it changes, or any of vLLM's counters (prefix-cache
+queries, prompt and generation tokens, successful requests) goes backwards, the backend
+restarted with an empty cache and the index forgets it (`gateway.index_truth`). The counters
+matter where the start time is missing: vLLM serving with several API server processes
+exports its metrics in Prometheus' multiprocess mode, which has no ``process_*`` series.
+A restart no scrape saw (one with nothing to compare) is caught from usage instead.
 
 Each backend's state is a `dispatch.Target` (its spec, last scrape and ledger, what the
 routing pipeline reads) plus what only the edge needs: its config entry, health, and the
@@ -206,8 +210,14 @@ class BackendSet:
 
 
 def _restarted(previous: BackendMetrics, current: BackendMetrics) -> bool:
-    if previous.process_start_time_s is None:
-        return False
-    if current.process_start_time_s is not None and current.process_start_time_s != previous.process_start_time_s:
+    """A new process start time, or a counter lower than at the previous scrape (the first scrape,
+    against all-zero defaults, never is)."""
+    start, was = current.process_start_time_s, previous.process_start_time_s
+    if start is not None and was is not None and start != was:
         return True
-    return current.prefix_cache_queries_tokens < previous.prefix_cache_queries_tokens
+    return any(getattr(current, name) < getattr(previous, name) for name in _RESTART_COUNTERS)
+
+
+# Counters that only a restart sets back (vLLM's; `BackendMetrics` fields).
+_RESTART_COUNTERS = ("prefix_cache_queries_tokens", "prompt_tokens_total", "generation_tokens_total",
+                     "requests_succeeded_total")

@@ -236,4 +236,6 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
         series.cached_kv_pool_tokens.inc(c.cached_kv_pool_tokens)
     series.uncached_prompt_tokens.inc(c.uncached_prompt_tokens)
     if obs.usage:
-        gw.routing.observe_usage(plan, c, obs.usage)
+        stale = gw.routing.observe_usage(plan, c, obs.usage)
+        if stale:  # the index's credit was contradicted again and again: forget, off the request path
+            gw.spawn(gw.routing.forget_stale(stale, plan, state))

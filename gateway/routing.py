@@ -24,6 +24,7 @@ from dispatch import Dispatcher, Plan, RoutableRequest, Ticket
 from fleet_config.settings import Settings
 from gateway.backends import BackendSet, BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
+from gateway.index_truth import IndexTruth
 from gateway.telemetry import Telemetry
 from prefix_index import (
     CanonicalizationError,
@@ -89,6 +90,7 @@ class RoutingService:
         kv_pool_bytes = settings.kv_pool.capacity_gb * GB if settings.kv_pool is not None else None
         self.dispatcher = Dispatcher(index, policy, rng, calibration, block_size_bytes=self.block_bytes,
                                      kv_pool_bytes=kv_pool_bytes, hooks=self, clock=clock, gather=asyncio.gather)
+        self.index_truth = IndexTruth(self.dispatcher, backends, telemetry, clock, kv_pool=kv_pool_bytes is not None)
         self._index_degraded = False
         self._warned_at_s: float | None = None  # clock() of the last "unavailable" warning
         self._errors_since_warning = 0
@@ -167,14 +169,24 @@ class RoutingService:
         await self.dispatcher.record(model, state, hashes)
 
     async def forget(self, backend_id: str) -> None:
-        """Drop a restarted backend's entries (the backend set's restart hook)."""
-        await self.dispatcher.forget(self.backends.by_id[backend_id])
+        """Drop a restarted backend's entries, and the pool's if the whole fleet restarted (the
+        backend set's restart hook; `gateway.index_truth.IndexTruth.restarted`)."""
+        await self.index_truth.restarted(backend_id)
 
-    def observe_usage(self, plan: RoutePlan, candidate: Candidate, usage: dict[str, Any]) -> None:
-        """Feed a response's usage into bytes/token calibration and index-accuracy metrics."""
+    async def forget_stale(self, holders: tuple[str, ...], plan: RoutePlan, state: BackendState) -> None:
+        """Drop the holders `observe_usage` found stale, then re-record the plan's chain on ``state``."""
+        await self.index_truth.forget_stale(holders, plan, state)
+
+    def observe_usage(self, plan: RoutePlan, candidate: Candidate, usage: dict[str, Any]) -> tuple[str, ...]:
+        """Feed a response's usage into bytes/token calibration and index-accuracy metrics.
+
+        Returns:
+            The index holders (backend ids, ``KV_POOL_ID``) whose credit answers now contradict
+            persistently (`dispatch.evidence`): the caller runs `forget_stale` off the request path.
+        """
         prompt_tokens = usage.get("prompt_tokens")
         if not isinstance(prompt_tokens, int):
-            return
+            return ()
         model = plan.request.model
         if self.dispatcher.observe_prompt_tokens(model, plan.request.prompt_bytes, prompt_tokens):
             self.telemetry.bytes_per_token.labels(model).set(self.dispatcher.calibration.get(model))
@@ -184,6 +196,8 @@ class RoutingService:
             series = self.telemetry.backend(candidate.backend_id)
             series.cached_estimated.inc(candidate.cached_tokens)
             series.cached_reported.inc(cached)
+            return self.index_truth.observe(plan, candidate, cached)
+        return ()
 
     # -- dispatch.DispatchHooks ------------------------------------------------------------
     def decided(self, seconds: float) -> None:

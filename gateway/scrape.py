@@ -21,7 +21,7 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
     waiting = running = 0.0
     usage: list[float] = []
     block_size = num_blocks = start = None
-    queries = hits = 0.0
+    queries = hits = prompt = generation = succeeded = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
@@ -40,6 +40,12 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
                 queries += sample.value
             elif name == "vllm:prefix_cache_hits_total":
                 hits += sample.value
+            elif name == "vllm:prompt_tokens_total":
+                prompt += sample.value
+            elif name == "vllm:generation_tokens_total":
+                generation += sample.value
+            elif name == "vllm:request_success_total":
+                succeeded += sample.value
     return BackendMetrics(
         num_requests_waiting=int(waiting),
         num_requests_running=int(running),
@@ -49,6 +55,9 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
         process_start_time_s=start,
         prefix_cache_queries_tokens=queries,
         prefix_cache_hits_tokens=hits,
+        prompt_tokens_total=prompt,
+        generation_tokens_total=generation,
+        requests_succeeded_total=succeeded,
     )
 
 

@@ -20,6 +20,8 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 | ``gateway_upstream_failures_total`` | counter | backend, kind = connect-failure\\|reset\\|5xx\\|timeout\\|idle-timeout\\|mid-stream |
 | ``gateway_outlier_ejections_total`` | counter | backend |
 | ``gateway_index_errors_total`` | counter | op |
+| ``gateway_index_predictions_total`` | counter | backend, outcome = within_one_block\\|over\\|under (predicted K vs reported cached_tokens) |
+| ``gateway_index_resets_total`` | counter | backend (a backend id, or ``@kv-pool``), reason = restart\\|cached-tokens-shortfall\\|kv-pool-backends-restarted |
 | ``gateway_index_seconds`` | histogram | op |
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
 | ``gateway_peer_replicas`` | gauge | (replicas seen at the last load exchange, `gateway.peers`) |
@@ -92,6 +94,14 @@ class Telemetry:
                                          "check while a request waited on them).", ["backend"], registry=r)
         self.index_errors = Counter("gateway_index_errors", "Prefix-index calls that failed or timed out.",
                                     ["op"], registry=r)
+        self.index_predictions = Counter("gateway_index_predictions", "Answers with usage by how the index's "
+                                         "predicted cached tokens K compared with the reported cached_tokens: "
+                                         "within one index block, over or under (dispatch.evidence).",
+                                         ["backend", "outcome"], registry=r)
+        self.index_resets = Counter("gateway_index_resets", "Times the index forgot a holder's entries (a backend, "
+                                    "or @kv-pool): a restart seen in its /metrics, answers' cached_tokens short of "
+                                    "its credit again and again, or every backend sharing the KV pool restarted.",
+                                    ["backend", "reason"], registry=r)
         self.index_seconds = Histogram("gateway_index_seconds", "Prefix-index call latency.", ["op"],
                                        buckets=DECISION_BUCKETS, registry=r)
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",

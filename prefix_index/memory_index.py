@@ -14,10 +14,23 @@ block's rank is (live blocks in newer segments, from a Fenwick tree) + (its dept
 A record then costs one dict update per block instead of a sorted-container re-insert
 (8k-token chain, 128 blocks, 8 backends of 7,500 blocks: 225 → 26 µs per record). The one assumption is
 that a chain never repeats a hash, which would take a 64-bit xxh3 collision.
+
+Memory scales with live blocks, not with recorded chains. A segment keeps no reference to
+the request's hash list: its hashes are copied into one flat ``array('Q')`` log (8 bytes a
+slot, no int objects), and per-segment bookkeeping sits in ``array('q')`` columns. Stale
+slots (a prefix re-touched by a newer record, a trimmed tail) and dead segments are
+reclaimed by compaction once they outnumber the live ones, so the log never holds more than
+twice the live blocks (plus `_LOG_SLACK_MIN_SLOTS`) and segments are renumbered once dead
+ones outnumber live ones (plus `_DEAD_SEGMENTS_MIN`), each compaction linear in what is
+live and paid for by as many dead entries. Before (kept chains), a 256 KB shared prefix
+left ~4.8 KB per live block (``python bench/index_memory.py``, BENCHMARKS.md "Prefix index
+memory").
 """
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 
 from prefix_index.base import (
@@ -29,37 +42,42 @@ from prefix_index.base import (
     match_chain,
 )
 
-__all__ = ["ENTRY_BYTES_ESTIMATE", "MemoryPrefixIndex"]
+__all__ = ["ENTRY_INT_BYTES", "MemoryPrefixIndex"]
 
-# Bytes per held block: one hash -> position dict entry, the two int objects (a 64-bit
-# hash is 36 bytes, a position 32) and the block's slot in its segment's chain list.
-# Measured with tracemalloc on CPython 3.11 filling 10k, 100k and 1M blocks in 128-block
-# records: 106, 129 and 119 bytes/block (dict tables grow in powers of two); dead segments
-# awaiting compaction add at most one list slot (8 bytes) per block. 130 covers the range.
-ENTRY_BYTES_ESTIMATE = 130
+# The two int objects a held block's dict entry owns on CPython 3.11 (``sys.getsizeof``): the
+# 64-bit hash (36 bytes: three 30-bit digits, 32 below 2**60) and its position ``segment << 32 |
+# depth`` (32 bytes below 2**60, i.e. a billion segments). `stats` adds these to what it measures
+# of the containers (dict tables, arrays).
+ENTRY_INT_BYTES = 36 + 32
 _DEPTH_BITS = 32
 _DEPTH_MASK = (1 << _DEPTH_BITS) - 1
-_COMPACT_MIN_SEGMENTS = 256  # renumber once this many dead segments lead the list and they are half of it
+# Compaction floors, so a small index is not rewritten on every record: 4,096 log slots
+# (32 KB) and 256 dead segments (8 KB of columns) may always wait.
+_LOG_SLACK_MIN_SLOTS = 4096
+_DEAD_SEGMENTS_MIN = 256
 
 
 class _Residency:
     """The blocks of one (model, backend), in record segments (see the module docstring).
 
     Segment ``k`` is the chain of the k-th record; its blocks at depths ``[lo[k], hi[k])``
-    are live (held and last touched by that record). ``where[hash]`` is ``k << 32 | depth``.
-    ``_tree`` is a Fenwick tree of live blocks per segment, for "how many live blocks are
-    in newer segments" in O(log segments).
+    are live (held and last touched by that record), and the block at depth ``d`` sits at
+    ``log[start[k] + d]`` (``start`` may be negative once a stale prefix was compacted away).
+    ``where[hash]`` is ``k << 32 | depth``. ``_tree`` is a Fenwick tree of live blocks per
+    segment, for "how many live blocks are in newer segments" in O(log segments).
     """
 
-    __slots__ = ("where", "chains", "lo", "hi", "_tree", "first")
+    __slots__ = ("where", "log", "start", "lo", "hi", "_tree", "first", "live_segments")
 
     def __init__(self) -> None:
         self.where: dict[int, int] = {}
-        self.chains: list[Sequence[int]] = []
-        self.lo: list[int] = []
-        self.hi: list[int] = []
-        self._tree: list[int] = [0]  # 1-based
+        self.log = array("Q")
+        self.start = array("q")
+        self.lo = array("q")
+        self.hi = array("q")
+        self._tree = array("q", [0])  # 1-based
         self.first = 0  # oldest segment that may still hold live blocks
+        self.live_segments = 0
 
     def rank(self, block_hash: int) -> int | None:
         """Recency rank: how many held blocks have a higher score (None if not held)."""
@@ -75,8 +93,8 @@ class _Residency:
 
     def touch(self, chain: Sequence[int]) -> None:
         """Make ``chain`` the newest segment: its head the most recent block."""
-        where, lo = self.where, self.lo
-        k_new = len(self.chains)
+        where, lo, hi = self.where, self.lo, self.hi
+        k_new = len(lo)
         tag = k_new << _DEPTH_BITS
         stale: dict[int, int] = {}  # older segment -> depths [0, n) of it now re-touched
         for depth, block_hash in enumerate(chain):
@@ -86,52 +104,84 @@ class _Residency:
             where[block_hash] = tag | depth
         for k, n in stale.items():
             if n > lo[k]:
-                moved = min(n, self.hi[k]) - lo[k]
+                moved = min(n, hi[k]) - lo[k]
                 lo[k] = n
                 if moved > 0:
                     self._add(k + 1, -moved)
-        self.chains.append(chain)
+                    if hi[k] <= n:
+                        self.live_segments -= 1
+        self.start.append(len(self.log))
+        self.log += array("Q", chain)  # twice as fast as array.extend on a list
         lo.append(0)
-        self.hi.append(len(chain))
+        hi.append(len(chain))
         self._append(len(chain))
+        self.live_segments += 1
 
     def trim(self, keep_blocks: int) -> None:
         """Evict the lowest scores (deepest blocks of the oldest segments) until at most
-        ``keep_blocks`` remain."""
-        where, lo, hi = self.where, self.lo, self.hi
+        ``keep_blocks`` remain, then reclaim dead space if it outweighs the live."""
+        where, log, start, lo, hi = self.where, self.log, self.start, self.lo, self.hi
         excess = len(where) - keep_blocks
         k = self.first
         while excess > 0:
             live = hi[k] - lo[k]
             if live > 0:
                 take = min(live, excess)
-                chain = self.chains[k]
-                for depth in range(hi[k] - take, hi[k]):
-                    del where[chain[depth]]
+                end = start[k] + hi[k]
+                for pos in range(end - take, end):
+                    del where[log[pos]]
                 hi[k] -= take
                 self._add(k + 1, -take)
                 excess -= take
+                if take == live:
+                    self.live_segments -= 1
             if hi[k] <= lo[k]:
                 k += 1
-        while k < len(self.chains) and hi[k] <= lo[k]:
+        while k < len(lo) and hi[k] <= lo[k]:
             k += 1
         self.first = k
-        if k > _COMPACT_MIN_SEGMENTS and 2 * k > len(self.chains):
-            self._compact()
+        dead_segments = len(lo) - self.live_segments
+        if dead_segments > max(self.live_segments, _DEAD_SEGMENTS_MIN):
+            self._renumber()
+        elif len(log) - len(where) > max(len(where), _LOG_SLACK_MIN_SLOTS):
+            self._compact_log()
 
-    def _compact(self) -> None:
-        """Drop the dead segments before ``first`` and renumber the rest."""
-        f = self.first
-        self.chains, self.lo, self.hi = self.chains[f:], self.lo[f:], self.hi[f:]
-        self.first = 0
-        where = self.where
-        for k, chain in enumerate(self.chains):
-            tag = k << _DEPTH_BITS
-            for depth in range(self.lo[k], self.hi[k]):
-                where[chain[depth]] = tag | depth
-        self._tree = [0]
-        for k in range(len(self.chains)):
-            self._append(max(self.hi[k] - self.lo[k], 0))
+    def _compact_log(self) -> None:
+        """Copy only the live slots into a new log (segment numbers unchanged)."""
+        old, start, lo, hi = self.log, self.start, self.lo, self.hi
+        log = array("Q")
+        for k in range(self.first, len(lo)):
+            if hi[k] > lo[k]:
+                s = start[k]
+                start[k] = len(log) - lo[k]
+                log += old[s + lo[k]: s + hi[k]]
+        self.log = log
+
+    def _renumber(self) -> None:
+        """Drop the dead segments, renumber the live ones in order, rebuild the log and tree."""
+        old, start, lo, hi, where = self.log, self.start, self.lo, self.hi, self.where
+        log, new_start, new_lo, new_hi = array("Q"), array("q"), array("q"), array("q")
+        for k in range(self.first, len(lo)):
+            if hi[k] <= lo[k]:
+                continue
+            tag = len(new_lo) << _DEPTH_BITS
+            s = start[k]
+            new_start.append(len(log) - lo[k])
+            for depth in range(lo[k], hi[k]):
+                where[old[s + depth]] = tag | depth
+            log += old[s + lo[k]: s + hi[k]]
+            new_lo.append(lo[k])
+            new_hi.append(hi[k])
+        self.log, self.start, self.lo, self.hi = log, new_start, new_lo, new_hi
+        self.first, self.live_segments = 0, len(new_lo)
+        self._tree = array("q", [0])
+        for k in range(len(new_lo)):
+            self._append(new_hi[k] - new_lo[k])
+
+    def memory_bytes(self) -> int:
+        """Bytes held: the dict and the arrays (``sys.getsizeof``) plus each entry's two ints."""
+        containers = (self.where, self.log, self.start, self.lo, self.hi, self._tree)
+        return sum(sys.getsizeof(c) for c in containers) + len(self.where) * ENTRY_INT_BYTES
 
     # Fenwick tree over segments (1-based), growing by appends.
     def _add(self, i: int, delta: int) -> None:
@@ -197,7 +247,7 @@ class MemoryPrefixIndex:
         Args:
             model: served model name.
             backend_id: the backend that served the chain.
-            hashes: the chain, ints in [0, 2**64); empty is a no-op.
+            hashes: the chain, ints in [0, 2**64); empty is a no-op. Not retained.
             capacity: the backend's capacity; only ``total_blocks`` blocks stay.
 
         Raises:
@@ -226,19 +276,20 @@ class MemoryPrefixIndex:
                 del self._models[model]
 
     async def stats(self) -> IndexStats:
-        """Return blocks per backend (summed over models) and an estimate of bytes used.
+        """Return blocks per backend (summed over models) and the bytes the index holds.
 
-        ``memory_bytes`` is ``ENTRY_BYTES_ESTIMATE`` per held block (containers' fixed
-        overhead is ignored).
+        ``memory_bytes`` is measured, not estimated per block: each residency's dict and
+        arrays (``sys.getsizeof``, so table slack and dead log slots count) plus the two int
+        objects of every entry (`ENTRY_INT_BYTES`); within a few percent of tracemalloc
+        (``tests/unit/prefix_index/test_memory_index_memory.py``).
         """
         blocks: dict[str, int] = {}
+        memory = 0
         for backends in self._models.values():
             for backend_id, residency in backends.items():
                 blocks[backend_id] = blocks.get(backend_id, 0) + len(residency.where)
-        return IndexStats(
-            blocks_by_backend=blocks,
-            memory_bytes=sum(blocks.values()) * ENTRY_BYTES_ESTIMATE,
-        )
+                memory += residency.memory_bytes()
+        return IndexStats(blocks_by_backend=blocks, memory_bytes=memory)
 
     async def aclose(self) -> None:
         """Drop all entries; the index owns no external resources."""

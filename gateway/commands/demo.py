@@ -82,7 +82,8 @@ def gateway_process(settings: Settings) -> Iterator[str]:
 
 
 def _scrape(url: str) -> dict[str, float]:
-    """Sample name → summed value from a /metrics page (empty if unreachable)."""
+    """Sample name → summed value from a /metrics page (empty if unreachable); also
+    ``name{label="value"}`` → the sum over the samples carrying that one label value."""
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=5.0) as resp:
             text = resp.read().decode()
@@ -92,6 +93,8 @@ def _scrape(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[s.name] = out.get(s.name, 0.0) + s.value
+            for key in (f'{s.name}{{{label}="{value}"}}' for label, value in s.labels.items()):
+                out[key] = out.get(key, 0.0) + s.value
     return out
 
 
@@ -165,11 +168,18 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
         group["large_t_share"] = group.pop("large_t") / n
     estimated = gateway_metrics.get("gateway_cached_tokens_estimated_total", 0.0)
     reported = gateway_metrics.get("gateway_cached_tokens_reported_total", 0.0)
+    predictions = {outcome: int(gateway_metrics.get(f'gateway_index_predictions_total{{outcome="{outcome}"}}', 0.0))
+                   for outcome in ("within_one_block", "over", "under")}
+    answered = sum(predictions.values())
     return {
         "requests": len(results), "errors": len(results) - len(ok),
         "error_examples": sorted({r.error for r in results if r.error})[:3],
         "high_kappa_threshold": high_kappa, "large_t_threshold_tokens": large_t,
         "index_cached_tokens_estimated": estimated, "index_cached_tokens_reported": reported,
+        # answers with usage whose predicted K was within one index block of the reported cached_tokens
+        "index_within_one_block_share": predictions["within_one_block"] / answered if answered else None,
+        "index_predictions": predictions,
+        "index_resets": int(gateway_metrics.get("gateway_index_resets_total", 0.0)),
         "policy": settings.routing.policy, "time_scale": time_scale, "backends": backends,
         "placement_by_role": placement,
         "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,

@@ -43,6 +43,11 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     if rep:
         console.print(f"Prefix index: estimated {est:,.0f} cached tokens where backends reported {rep:,.0f} "
                       f"({est / rep:.0%}).")
+    share, predictions = report.get("index_within_one_block_share"), report.get("index_predictions", {})
+    if share is not None:
+        console.print(f"Prefix index: predicted K within one block of the reported cached tokens on {share:.1%} of "
+                      f"{sum(predictions.values())} answers (over: {predictions['over']}, under: "
+                      f"{predictions['under']}); {report.get('index_resets', 0)} index resets.")
     for example in report["error_examples"]:
         console.print(f"[red]error:[/red] {example}")
     console.print(

@@ -132,6 +132,7 @@ def test_gateway_starts_and_serves_with_redis_unreachable() -> None:
 
 
 def _new_start_time(script: Script) -> None:
+    assert script.process_start_time_s is not None
     script.process_start_time_s += 60
 
 
@@ -139,9 +140,12 @@ def _counter_backwards(script: Script) -> None:  # restarted within a second: sa
     script.prefix_cache_queries_tokens = 0.0
 
 
-@pytest.mark.parametrize("restart", [_new_start_time, _counter_backwards], ids=["start-time", "counter-backwards"])
-def test_backend_restart_makes_the_index_forget_it(restart) -> None:
-    script = Script(prefix_cache_queries_tokens=50_000.0)
+@pytest.mark.parametrize(("restart", "start_time_s"), [
+    (_new_start_time, 1_000.0), (_counter_backwards, 1_000.0),
+    (_counter_backwards, None),  # vLLM with several API servers exports no process_* series: it was never seen
+], ids=["start-time", "counter-backwards", "counter-backwards-no-start-time"])
+def test_backend_restart_makes_the_index_forget_it(restart, start_time_s: float | None) -> None:
+    script = Script(prefix_cache_queries_tokens=50_000.0, process_start_time_s=start_time_s)
     with run_fakes([script]) as urls, run_gateway([backend_doc("a", urls[0])]) as gw:
         body = {"model": MOCK_MODEL, "prompt": "restart me " * 300, "max_tokens": 1}
         assert gw.http.post("/v1/completions", json=body).status_code == 200

@@ -28,7 +28,7 @@ class Script:
     status: int = 500
     chunks: int = 3
     chunk_delay_s: float = 0.0  # scripted delay between chunks (the behaviour under test)
-    process_start_time_s: float = 1_000.0
+    process_start_time_s: float | None = 1_000.0  # None: not exported (vLLM's multiprocess mode)
     prefix_cache_queries_tokens: float = 0.0  # vllm:prefix_cache_queries_total
     healthy: bool = True
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -82,9 +82,9 @@ def make_app(script: Script) -> Starlette:
             f'vllm:num_requests_waiting{{model_name="{script.model}",engine="0"}} 0\n'
             "# TYPE vllm:cache_config_info gauge\n"
             f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="100000",engine="0"}} 1\n'
-            "# TYPE process_start_time_seconds gauge\n"
-            f"process_start_time_seconds {script.process_start_time_s}\n"
-            "# TYPE vllm:prefix_cache_queries counter\n"
+            + ("" if script.process_start_time_s is None else
+               f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {script.process_start_time_s}\n")
+            + "# TYPE vllm:prefix_cache_queries counter\n"
             f'vllm:prefix_cache_queries_total{{model_name="{script.model}",engine="0"}} {script.prefix_cache_queries_tokens}\n'
         )
         return PlainTextResponse(text)

@@ -22,13 +22,14 @@ POLL_INTERVAL_S = 0.005
 
 
 @contextmanager
-def serve_in_thread(app: Any, *, host: str = "127.0.0.1", startup_timeout_s: float = STARTUP_TIMEOUT_S,
+def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = STARTUP_TIMEOUT_S,
                     graceful_shutdown_s: float = GRACEFUL_SHUTDOWN_S, **config: Any) -> Iterator[str]:
     """Run ``app`` until the block exits; yield its base URL (``http://127.0.0.1:<port>``).
 
     Args:
         app: an ASGI application (its lifespan runs).
         host: interface to bind; loopback by default.
+        port: port to bind (0: a free one, the default; a fixed one to restart a server in place).
         startup_timeout_s: how long to wait for ``server.started``, s.
         graceful_shutdown_s: uvicorn's ``timeout_graceful_shutdown``, s.
         config: further `uvicorn.Config` keywords (e.g. ``log_level``).
@@ -38,7 +39,7 @@ def serve_in_thread(app: Any, *, host: str = "127.0.0.1", startup_timeout_s: flo
         TimeoutError: it did not start within ``startup_timeout_s``.
     """
     config.setdefault("log_level", "warning")
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, lifespan="on",
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on",
                                            timeout_graceful_shutdown=graceful_shutdown_s, **config))
     thread = threading.Thread(target=server.run, name="uvicorn-test-server", daemon=True)
     thread.start()

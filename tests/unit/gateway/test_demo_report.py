@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from rich.console import Console
 
 from fleet_config.catalog import CONFIG_DIR, default_catalog
 from gateway.commands.demo import build_report
+from gateway.commands.demo_report import print_report
 from gateway.commands.replay import RequestResult
 from fleet_config.settings import load_settings
 
@@ -27,7 +29,9 @@ def test_report_counts_shares_and_converts_ttft_to_modelled_seconds() -> None:
     ]
     report = build_report(SETTINGS, results, {"gh200": {"mock_vllm:energy_joules_total": 1234.0,
                                                         "mock_vllm:kv_pool_loaded_bytes_total": 5e9}},
-                          {"gateway_cached_tokens_estimated_total": 14_000.0}, time_scale=0.5)
+                          {"gateway_cached_tokens_estimated_total": 14_000.0,
+                           'gateway_index_predictions_total{outcome="within_one_block"}': 19.0,
+                           'gateway_index_predictions_total{outcome="under"}': 1.0}, time_scale=0.5)
     assert (report["requests"], report["errors"], report["error_examples"]) == (5, 1, ["no backend"])
     by_id = {b["id"]: b for b in report["backends"]}
     assert by_id["b200-a"]["requests"] == 2 and by_id["b200-a"]["ttft_p50_s"] == pytest.approx(0.3)  # (0.1+0.2)/2/0.5
@@ -38,3 +42,21 @@ def test_report_counts_shares_and_converts_ttft_to_modelled_seconds() -> None:
     assert roles["compute-dense"]["large_t_share"] == 0.5  # the 30k-token cold prefill
     assert report["kv_pool_gb"] == SETTINGS.kv_pool.capacity_gb
     assert (by_id["gh200"]["kv_pool_loaded_bytes"], by_id["b200-a"]["kv_pool_loaded_bytes"]) == (5e9, None)
+    assert report["index_within_one_block_share"] == 0.95
+    assert report["index_predictions"] == {"within_one_block": 19, "over": 0, "under": 1}
+
+
+def test_no_answers_with_usage_leave_the_share_unknown() -> None:
+    report = build_report(SETTINGS, [], {}, {}, time_scale=1.0)
+    assert report["index_within_one_block_share"] is None and report["index_resets"] == 0
+
+
+def test_the_text_report_states_the_index_accuracy(capsys: pytest.CaptureFixture[str]) -> None:
+    results = [result(0, "gh200", 50.0, 10_000, 9_800, "transfer")]
+    report = build_report(SETTINGS, results, {}, {'gateway_index_predictions_total{outcome="within_one_block"}': 39.0,
+                                                  'gateway_index_predictions_total{outcome="over"}': 1.0,
+                                                  "gateway_index_resets_total": 2.0}, time_scale=1.0)
+    report.update(wall_s=1.0, workload="test")
+    print_report(report, Console(width=300))  # it prints at ≥ 160 columns on its own console
+    assert ("predicted K within one block of the reported cached tokens on 97.5% of 40 answers (over: 1, under: 0); "
+            "2 index resets") in " ".join(capsys.readouterr().out.split())

@@ -125,6 +125,15 @@ vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
 vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
 # TYPE vllm:prefix_cache_hits counter
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1500.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 500.0
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 90.0
+# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 4.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 3.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 1.0
 # TYPE process_start_time_seconds gauge
 process_start_time_seconds 1.7e9
 """
@@ -134,7 +143,8 @@ def test_parse_vllm_metrics() -> None:
     m = parse_vllm_metrics(VLLM_METRICS)
     assert m == BackendMetrics(num_requests_waiting=7, num_requests_running=5, kv_cache_usage_ratio=0.42,
                                block_size_tokens=16, num_gpu_blocks=27000, process_start_time_s=1.7e9,
-                               prefix_cache_queries_tokens=1000.0, prefix_cache_hits_tokens=600.0)
+                               prefix_cache_queries_tokens=1000.0, prefix_cache_hits_tokens=600.0,
+                               prompt_tokens_total=2000.0, generation_tokens_total=90.0, requests_succeeded_total=8.0)
 
 
 def test_parse_empty_and_invalid() -> None:
