@@ -141,6 +141,9 @@ class Dispatcher:
         self.hooks = hooks
         self.clock: Callable[[], float] = clock or _no_clock
         self.pending = PendingChains()  # chains of the requests in flight, by backend
+        # Set by a gateway whose replicas share load (gateway.peers): chains are recorded in the
+        # index when sent, so index credit may be a prefill still running (own or a peer's).
+        self.records_at_decision = False
         self.evidence = CachedTokensEvidence()  # answers' cached_tokens against the index's credit
         self.forget_epoch = 0  # forgets so far (backends and pool)
         self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
@@ -293,9 +296,14 @@ class Dispatcher:
         view = next((v for v in plan.views if v.backend_id == candidate.backend_id), None)
         in_flight_blocks = view.in_flight_blocks if view is not None else 0
         block_tokens = plan.features.block_size_tokens
+        in_flight_tokens = min(int(in_flight_blocks * block_tokens), candidate.cached_hbm_tokens)
+        if self.records_at_decision and view is not None and view.outstanding_prefill_s > 0:
+            # A prefill was running there (this replica's or a peer's) and the index already held
+            # its chain: the credit may be that prefill's, which vLLM caches only as it completes.
+            in_flight_tokens = candidate.cached_hbm_tokens
         return self.evidence.observe(
             candidate.backend_id, local_tokens=candidate.cached_hbm_tokens + candidate.cached_host_tokens,
-            in_flight_tokens=min(int(in_flight_blocks * block_tokens), candidate.cached_hbm_tokens),
+            in_flight_tokens=in_flight_tokens,
             kv_pool_tokens=candidate.cached_kv_pool_tokens, reported_tokens=reported_tokens,
             block_tokens=block_tokens, epoch=plan.index_epoch)
 

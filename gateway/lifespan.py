@@ -90,6 +90,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         stack.push_async_callback(backends.stop)
         if settings.index.backend == "redis" and settings.index.share_load:
             state.peers = open_peers(settings, states, telemetry)
+            routing.dispatcher.records_at_decision = True
             state.peers.start()
             stack.push_async_callback(state.peers.client.aclose)
             stack.push_async_callback(state.peers.stop)
