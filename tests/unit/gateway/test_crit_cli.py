@@ -24,7 +24,7 @@ def test_issue_example_llama_70b_on_h100() -> None:
     (row,) = json.loads(proc.stdout)
     assert row["model"] == "llama-3.1-70b" and row["hardware"] == "h100-sxm"
     assert row["b_kv_bytes"] == 327_680
-    assert 14.3 <= round(row["kappa_crit"], 1) <= 14.6  # the issue: "≈ 14.3–14.6"
+    assert 14.3 <= round(row["kappa_crit_linear"], 1) <= 14.6  # the issue: "≈ 14.3–14.6"
     assert row["kappa_hw"] == 34e-6 and row["kappa_m"] == pytest.approx(430_603, rel=1e-4)
 
 
@@ -32,7 +32,7 @@ def test_all_models_all_hardware_json_shape() -> None:
     proc = run_cli("crit", "--json")
     rows = json.loads(proc.stdout)
     assert len(rows) >= 81
-    assert {"model", "hardware", "b_kv_bytes", "kappa_m", "kappa_hw", "kappa_crit"} <= set(rows[0])
+    assert {"model", "hardware", "b_kv_bytes", "kappa_m", "kappa_hw", "kappa_crit_linear"} <= set(rows[0])
 
 
 def test_paper_values_with_kappa_hw_override() -> None:
@@ -41,7 +41,7 @@ def test_paper_values_with_kappa_hw_override() -> None:
     result = CliRunner().invoke(
         app, ["crit", "-m", "llama-3.1-70b", "-m", "qwen3-235b-a22b", "-m", "deepseek-v3", "-w", "h100-sxm",
               "--kappa-hw", "34e-6", "--json"])
-    crit = {r["model"]: r["kappa_crit"] for r in json.loads(result.stdout)}
+    crit = {r["model"]: r["kappa_crit_linear"] for r in json.loads(result.stdout)}
     assert crit["llama-3.1-70b"] == pytest.approx(14.3, rel=0.05)
     assert crit["qwen3-235b-a22b"] == pytest.approx(7.8, rel=0.05)
     assert crit["deepseek-v3"] == pytest.approx(36, rel=0.05)

@@ -29,7 +29,7 @@ def test_regime_flips_at_kappa_crit_of_the_request() -> None:
     below = predict(RequestShape(0, 0.99 * crit * new, new, 1), backend)
     above = predict(RequestShape(0, 1.01 * crit * new, new, 1), backend)
     assert (below.regime, above.regime) == (Regime.COMPUTE, Regime.TRANSFER)
-    assert below.kappa_crossover == pytest.approx(crit)
+    assert below.kappa_crit == pytest.approx(crit)
 
 
 def test_hbm_resident_kv_is_not_loaded() -> None:
@@ -126,8 +126,8 @@ def test_kappa_crit_of_a_pool_load_is_at_the_pool_link_so_it_agrees_with_the_reg
     gh200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("gh200"), tensor_parallel=4, kv_pool_link_gb_s=100)
     for new in (27, 224, 2_000):
         est = predict(RequestShape(0, 0, new, 1, cached_kv_pool_tokens=7_090), gh200)
-        assert est.kappa_crossover == pytest.approx(kappa.kappa_crit(LLAMA_70B, kappa.kappa_hw(100e9, gh200.c_eff_flops_per_s), uncached_prompt_tokens=new))
-        assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crossover)
+        assert est.kappa_crit == pytest.approx(kappa.kappa_crit(LLAMA_70B, kappa.kappa_hw(100e9, gh200.c_eff_flops_per_s), uncached_prompt_tokens=new))
+        assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crit)
 
 
 def test_decode_reads_the_active_weights_and_the_kv_of_the_mean_context() -> None:

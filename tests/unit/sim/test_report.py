@@ -19,7 +19,7 @@ FAST_LINK = SimBackend("link", "m", BackendSpec(model=CATALOG.model("llama-3.1-7
 
 def record(i: int, backend: str, ttft: float, e2e: float, prompt: int, cached: int, kappa_ratio: float,
            regime: str = "compute") -> RequestRecord:
-    r = RequestRecord(i, float(i), backend, 10, kappa_ratio, 6.4, regime, ttft)
+    r = RequestRecord(i, float(i), backend, 10, kappa_ratio, kappa_ratio / 2, 6.4, regime, ttft)
     r.first_token_s, r.finish_s = i + ttft, i + e2e
     r.prompt_tokens, r.cached_tokens, r.cached_host_tokens = prompt, cached, cached // 2
     return r
