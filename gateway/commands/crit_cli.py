@@ -90,7 +90,7 @@ def crit(
         if uncached_prompt_tokens is None:
             raise typer.BadParameter("--backend needs -T (the request's uncached prompt tokens)")
         if model != ["all"] or hardware != ["all"] or any(v is not None for v in (kappa_hw, link_gbps, c_eff_tflops)):
-            raise typer.BadParameter("--backend takes model, hardware and links from --config: drop -m/-w/--kappa-hw/"
+            raise typer.BadParameter("--backend reads model and links from --config: drop -m/-w/--kappa-hw/"
                                      "--link-gbps/--c-eff-tflops")
         settings = load_config(config)
         try:

@@ -44,6 +44,9 @@ def test_report_on_a_hand_made_run() -> None:
     dense, link = report["backends"]
     assert report["high_kappa_threshold"] == pytest.approx(DENSE.spec.kappa_crit_linear)
     assert (dense["requests"], link["requests"]) == (2, 2)
+    # each backend's transfer share is its own regime count (record 2 on link), not a κ threshold
+    assert (dense["transfer_share"], link["transfer_share"]) == (0.0, 0.5)
+    assert dense["kappa_crit_linear"] == pytest.approx(DENSE.spec.kappa_crit_linear) and "kappa_crit" not in dense
     # only κ_ratio 19 > 6.4: half of link's requests, all of the run's high-κ ones
     assert (dense["high_kappa_share"], link["high_kappa_share"]) == (0.0, 0.5)
     assert (dense["high_kappa_of_all"], link["high_kappa_of_all"]) == (0.0, 1.0)
