@@ -135,7 +135,8 @@ def test_models_health_ready_backends_and_explain(gw: Gateway) -> None:
     explained = gw.http.post("/v1/kappa/route", json={"model": MOCK_MODEL, "prompt": long_prompt("explain")}).json()
     assert {c["backend"] for c in explained["candidates"]} == {"a", "b"}
     assert explained["chosen"] == explained["candidates"][0]["backend"]
-    assert {"kappa_ratio", "kappa_crit", "regime", "predicted_ttft_s", "predicted_energy_j"} <= set(explained["candidates"][0])
+    assert {"kappa_ratio", "kappa_ratio_loaded", "kappa_crit", "kappa_crit_linear", "regime", "predicted_ttft_s",
+            "predicted_energy_j"} <= set(explained["candidates"][0])
 
 
 def explain_cached(gw: Gateway, body: dict) -> int:
