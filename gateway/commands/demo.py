@@ -15,6 +15,7 @@ it reads in modelled seconds (at time scale 1 the two agree).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import subprocess
@@ -131,8 +132,9 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     """``{"requests", "errors", "backends": [{id, hardware, requests, regimes, kappa_ratio_p50, …}], …}``.
 
     Per backend, κ names as in `router.kappa`: ``kappa_crit_linear`` (the backend's
-    T-independent figure), ``kappa_crit_p50`` (the median of its requests' ``x-kappa-crit``,
-    lower median so that ``inf`` — never transfer-bound — stays a value), ``transfer_share``
+    T-independent figure), ``kappa_crit_p50`` (the lower median of its requests' ``x-kappa-crit``;
+    null when that median request is never transfer-bound — ``inf``, which JSON lacks — or no
+    request has one), ``kappa_crit_never_requests`` (requests whose ``x-kappa-crit`` is ``inf``), ``transfer_share``
     (its requests the gateway labelled ``transfer``: κ_ratio_loaded above their own κ_crit),
     ``kappa_ratio_p50/p90`` and ``kappa_ratio_loaded_p50/p90``. ``high_kappa_requests`` counts
     κ_ratio above ``high_kappa_threshold``, one fleet-wide figure (the lowest κ_crit_linear of
@@ -150,6 +152,7 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
         loaded = [r.kappa_ratio_loaded for r in mine if r.kappa_ratio_loaded is not None]
         crits = [r.kappa_crit for r in mine if r.kappa_crit is not None]
         transfer = sum(r.regime == "transfer" for r in mine)
+        crit_p50 = statistics.median_low(crits) if crits else None
         ttfts = [r.ttft_s / time_scale for r in mine if r.ttft_s is not None]
         prompt = sum(r.prompt_tokens or 0 for r in mine)
         cached = sum(r.cached_tokens or 0 for r in mine)
@@ -162,7 +165,8 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
             "transfer_share": transfer / len(mine) if mine else None,
             "kappa_ratio_p50": percentile(kappas, 50), "kappa_ratio_p90": percentile(kappas, 90),
             "kappa_ratio_loaded_p50": percentile(loaded, 50), "kappa_ratio_loaded_p90": percentile(loaded, 90),
-            "kappa_crit_p50": statistics.median_low(crits) if crits else None,
+            "kappa_crit_p50": None if crit_p50 is None or math.isinf(crit_p50) else crit_p50,
+            "kappa_crit_never_requests": sum(math.isinf(c) for c in crits),
             "high_kappa_requests": sum(k > high_kappa for k in kappas),
             "large_t_requests": sum((r.prompt_tokens or 0) - (r.cached_tokens or 0) >= large_t for r in mine),
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),

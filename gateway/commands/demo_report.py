@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rich.console import Console
@@ -10,7 +9,13 @@ from rich.table import Table
 
 
 def _f(value: float | None, fmt: str) -> str:
-    return "–" if value is None else "never" if math.isinf(value) else format(value, fmt)
+    return "–" if value is None else format(value, fmt)
+
+
+def _crit_p50(b: dict[str, Any]) -> str:
+    if b["kappa_crit_p50"] is None and b["kappa_crit_never_requests"]:
+        return "never"  # the median request cannot be transfer-bound there (x-kappa-crit: inf)
+    return _f(b["kappa_crit_p50"], ".1f")
 
 
 def _transfer(b: dict[str, Any]) -> str:
@@ -30,9 +35,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         table.add_row(
             b["id"], b["hardware"], f"{b['kappa_crit_linear']:.1f}", str(b["requests"]), _transfer(b),
             _f(b["kappa_ratio_p50"], ".2f"), _f(b["kappa_ratio_p90"], ".1f"), _f(b["kappa_ratio_loaded_p90"], ".1f"),
-            _f(b["kappa_crit_p50"], ".1f"), str(b["large_t_requests"]),
+            _crit_p50(b), str(b["large_t_requests"]),
             _f(b["prefix_hit_ratio"], ".0%"), _f(b["ttft_p50_s"], ".3f"), _f(b["ttft_p90_s"], ".3f"), _f(energy, ".1f"))
-    console = Console(width=max(console.width, 160))
+    console = Console(width=max(console.width, 176))  # 14 columns, the hardware one wide
     console.print(table)
     roles = report.get("placement_by_role", {})
     if roles:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fleet_config.catalog import CONFIG_DIR, default_catalog
@@ -55,12 +57,15 @@ def test_transfer_share_is_each_backends_own_regime_not_one_kappa_threshold(caps
                              kappa_crit=crit, regime=regime)
 
     results = [routed(0, "gh200", 50.0, 50.0, 200.0, "compute"), routed(1, "gh200", 3.0, 3.0, float("inf"), "compute"),
-               routed(2, "b200-a", 8.0, 8.0, 7.0, "transfer"), routed(3, "h100-capped", 10.0, 0.0, 25.0, "compute")]
+               routed(2, "b200-a", 8.0, 8.0, 7.0, "transfer"), routed(3, "h100-capped", 10.0, 0.0, 25.0, "compute"),
+               routed(4, "b200-b", 0.1, 0.0, float("inf"), "compute")]
     report = build_report(SETTINGS, results, {}, {}, time_scale=1.0)
     report.update(wall_s=1.0, workload="hand-made")
     by_id = {b["id"]: b for b in report["backends"]}
     assert {k: by_id[k]["transfer_share"] for k in ("gh200", "b200-a", "h100-capped", "b200-b")} == {
-        "gh200": 0.0, "b200-a": 1.0, "h100-capped": 0.0, "b200-b": None}
+        "gh200": 0.0, "b200-a": 1.0, "h100-capped": 0.0, "b200-b": 0.0}
+    assert (by_id["b200-b"]["kappa_crit_p50"], by_id["b200-b"]["kappa_crit_never_requests"]) == (None, 1)
+    json.dumps(report, allow_nan=False)  # --json prints strict JSON: "never" is null, not Infinity
     assert by_id["gh200"]["kappa_crit_linear"] == pytest.approx(290.26, abs=0.01) and "kappa_crit" not in by_id["gh200"]
     assert by_id["gh200"]["kappa_crit_p50"] == 200.0 and by_id["gh200"]["kappa_ratio_loaded_p90"] == pytest.approx(45.3)
     assert by_id["h100-capped"]["kappa_ratio_p50"] == 10.0 and by_id["h100-capped"]["kappa_ratio_loaded_p50"] == 0.0
@@ -71,3 +76,4 @@ def test_transfer_share_is_each_backends_own_regime_not_one_kappa_threshold(caps
     assert "κ>" not in header and "transfer" in header and "κ_crit_lin" in header and "κ_load p90" in header
     rows = {line.split()[1]: line for line in text.splitlines() if line.split()[1:2] and line.split()[1] in by_id}
     assert "1 (100%)" in rows["b200-a"] and "0 (0%)" in rows["gh200"] and "290.3" in rows["gh200"]
+    assert "never" in rows["b200-b"] and "200.0" in rows["gh200"]
