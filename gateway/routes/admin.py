@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import orjson
+
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response

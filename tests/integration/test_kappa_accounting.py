@@ -47,7 +47,7 @@ TIME_SCALE = 0.0005  # mock wall seconds per modelled second: a 48k-token prefil
 CLI_SAMPLES = 3  # requests also checked through the console script (a subprocess each)
 # The demo's answers run to 1,024 tokens; decoding them costs the mocks wall time and changes no κ
 # figure (max_tokens enters admission, which picks the backend, not the figures compared there).
-MAX_TOKENS = 16
+MAX_TOKENS = 1
 
 
 def agree(header: str, value: float | None) -> bool:
