@@ -5,10 +5,10 @@ admission (`gateway.admission`: requests and body bytes held at once), then its 
 (`gateway.body`: size limit, ``Content-Encoding``). The body goes upstream as the client sent
 it (decoded if it was compressed; each attempt with its own ``X-Request-Id``, the client's
 address appended to ``X-Forwarded-For``); streams come back as they arrive; the response
-carries the routing headers (``x-kappa-backend``, ``x-kappa-ratio``, ``x-kappa-crit``,
-``x-kappa-regime``, ``x-request-id``: the client's own id when it is a safe token, else the
-gateway's). Attempts, the one deadline and retries: `gateway.attempts`; the relay after the
-first byte and the bookkeeping: `gateway.relay`.
+carries the routing headers (``x-kappa-backend``, ``x-kappa-ratio``, ``x-kappa-ratio-loaded``,
+``x-kappa-crit``, ``x-kappa-regime`` (`kappa_headers`), ``x-request-id``: the client's own id
+when it is a safe token, else the gateway's). Attempts, the one deadline and retries:
+`gateway.attempts`; the relay after the first byte and the bookkeeping: `gateway.relay`.
 """
 
 from __future__ import annotations
@@ -47,10 +47,19 @@ def request_id_of(value: str | None) -> str:
 
 
 def kappa_headers(candidate: Candidate, request_id: str) -> dict[str, str]:
+    """The routing headers of a response: the chosen backend and its κ figures for this request.
+
+    ``x-kappa-ratio`` = K/T (every cached token), ``x-kappa-ratio-loaded`` = K_loaded/T (host
+    tier + KV pool: what must move), ``x-kappa-crit`` = this request's κ_crit there (at its T
+    and K_hbm, over the link its loads cross; ``inf``: never transfer-bound), ``x-kappa-regime``
+    = ``transfer`` iff ratio-loaded > crit. Names and definitions: `router.kappa`, `router.cost.CostEstimate`.
+    Numbers carry 4 significant digits.
+    """
     est = candidate.estimate
-    crit = "inf" if math.isinf(est.kappa_crossover) else f"{est.kappa_crossover:.4g}"
+    crit = "inf" if math.isinf(est.kappa_crit) else f"{est.kappa_crit:.4g}"
     return {"x-kappa-backend": candidate.backend_id, "x-kappa-ratio": f"{est.kappa_ratio:.4g}",
-            "x-kappa-crit": crit, "x-kappa-regime": est.regime.value, "x-request-id": request_id}
+            "x-kappa-ratio-loaded": f"{est.kappa_ratio_loaded:.4g}", "x-kappa-crit": crit,
+            "x-kappa-regime": est.regime.value, "x-request-id": request_id}
 
 
 async def serve_proxy(scope: Scope, receive: Receive, send: Send, kind: Kind, gw: GatewayState) -> None:

@@ -225,11 +225,12 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
                         ttft_s=obs.ttft_s, backend_idle=sent.backend_idle)
         measured = fit.kappa_crit()
         if measured is not None:
-            gw.telemetry.kappa_crit.labels(state.id, "measured").set(measured)
+            gw.telemetry.kappa_crit_linear.labels(state.id, "measured").set(measured)
     for gap in obs.itl_s:
         series.itl.observe(gap)
     series.e2e.observe(gw.clock() - obs.start_s)
     series.kappa_ratio.observe(c.estimate.kappa_ratio)
+    series.kappa_ratio_loaded.observe(c.estimate.kappa_ratio_loaded)
     series.cached_hbm_tokens.inc(c.cached_hbm_tokens)
     series.cached_host_tokens.inc(c.cached_host_tokens)
     if c.cached_kv_pool_tokens:

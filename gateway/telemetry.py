@@ -3,14 +3,18 @@
 Label values come only from the config (backend ids, served model names, policy names) and
 from closed sets (regime, status class, index operation): never from raw request values, so
 a client cannot blow up cardinality. Names follow Prometheus conventions: base units,
-``_total`` on counters, ratios in [0, 1].
+``_total`` on counters, ratios in [0, 1]. The κ names are `router.kappa`'s: ``kappa_ratio``
+= K/T over every cached token, ``kappa_ratio_loaded`` = K_loaded/T (host tier + KV pool),
+``kappa_crit_linear`` = the backend's T-independent κ_M·κ_HW. A request's own κ_crit (at its T)
+is in its ``x-kappa-crit`` header, not a metric; its regime labels ``gateway_requests_total``.
 
 | metric | type | labels |
 | --- | --- | --- |
 | ``gateway_requests_total`` | counter | backend, model, policy, regime, status |
 | ``gateway_routing_decision_seconds`` | histogram | policy |
 | ``gateway_kappa_ratio`` | histogram (log buckets 0.01…1e5) | backend |
-| ``gateway_kappa_crit`` | gauge | backend, kind=predicted\\|measured |
+| ``gateway_kappa_ratio_loaded`` | histogram (the same buckets) | backend |
+| ``gateway_kappa_crit_linear`` | gauge | backend, kind=predicted\\|measured |
 | ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_kv_pool\\|uncached (index estimate) |
 | ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
 | ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend |
@@ -60,11 +64,17 @@ class Telemetry:
         self.decision_seconds = Histogram("gateway_routing_decision_seconds",
                                           "Time to rank the candidates (index lookup excluded).", ["policy"],
                                           buckets=DECISION_BUCKETS, registry=r)
-        self.kappa_ratio = Histogram("gateway_kappa_ratio", "κ_ratio = K/T of routed requests on the chosen backend.",
+        self.kappa_ratio = Histogram("gateway_kappa_ratio", "κ_ratio = K/T of routed requests on the chosen backend: "
+                                     "every cached prompt token (HBM, host tier, KV pool) over the uncached ones.",
                                      ["backend"], buckets=KAPPA_BUCKETS, registry=r)
-        self.kappa_crit = Gauge("gateway_kappa_crit", "κ_crit per backend: predicted from profiles; measured "
-                                "(router.calibration.KappaCritFit) once enough clean TTFT samples exist.",
-                                ["backend", "kind"], registry=r)
+        self.kappa_ratio_loaded = Histogram("gateway_kappa_ratio_loaded", "κ_ratio_loaded = K_loaded/T of routed "
+                                            "requests on the chosen backend: host-tier and KV-pool tokens (the KV "
+                                            "that must be loaded) over the uncached ones; the regime compares it "
+                                            "with the request's κ_crit.", ["backend"], buckets=KAPPA_BUCKETS, registry=r)
+        self.kappa_crit_linear = Gauge("gateway_kappa_crit_linear", "κ_crit_linear = κ_M·κ_HW per backend (linear "
+                                       "F_pf, host link, T-independent): predicted from profiles; measured "
+                                       "(router.calibration.KappaCritFit) once enough clean TTFT samples exist.",
+                                       ["backend", "kind"], registry=r)
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)
         self.cached_estimated = Counter("gateway_cached_tokens_estimated",
@@ -115,14 +125,14 @@ class Telemetry:
         self._backends: dict[str, BackendSeries] = {}
         self._outcomes: dict[tuple[str, str, str, str, str], object] = {}
 
-    def init_backend(self, backend_id: str, kappa_crit_predicted: float, *, in_flight: Callable[[], float],
+    def init_backend(self, backend_id: str, kappa_crit_linear: float, *, in_flight: Callable[[], float],
                      kv_demand_bytes: Callable[[], float]) -> None:
         """Create a backend's series at start-up so dashboards see zeros, not gaps.
 
         ``in_flight`` and ``kv_demand_bytes`` are read when ``/metrics`` is scraped (the
         ledger changes twice per request; publishing each change cost CPU on the hot path).
         """
-        self.kappa_crit.labels(backend_id, "predicted").set(kappa_crit_predicted)
+        self.kappa_crit_linear.labels(backend_id, "predicted").set(kappa_crit_linear)
         self.in_flight.labels(backend_id).set_function(in_flight)
         self.kv_demand.labels(backend_id).set_function(kv_demand_bytes)
         self.backend_up.labels(backend_id).set(0)
@@ -146,14 +156,15 @@ class Telemetry:
 class BackendSeries:
     """One backend's labelled children of the per-request metrics."""
 
-    __slots__ = ("ttft", "itl", "e2e", "kappa_ratio", "cached_hbm_tokens", "cached_host_tokens", "cached_kv_pool_tokens",
-                 "uncached_prompt_tokens", "cached_estimated", "cached_reported")
+    __slots__ = ("ttft", "itl", "e2e", "kappa_ratio", "kappa_ratio_loaded", "cached_hbm_tokens", "cached_host_tokens",
+                 "cached_kv_pool_tokens", "uncached_prompt_tokens", "cached_estimated", "cached_reported")
 
     def __init__(self, telemetry: Telemetry, backend_id: str) -> None:
         self.ttft = telemetry.ttft.labels(backend_id)
         self.itl = telemetry.itl.labels(backend_id)
         self.e2e = telemetry.e2e.labels(backend_id)
         self.kappa_ratio = telemetry.kappa_ratio.labels(backend_id)
+        self.kappa_ratio_loaded = telemetry.kappa_ratio_loaded.labels(backend_id)
         self.cached_hbm_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_hbm")
         self.cached_host_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_host")
         self.cached_kv_pool_tokens = telemetry.prompt_tokens.labels(backend_id, "cached_kv_pool")

@@ -87,7 +87,7 @@ class BackendSpec:
     kv_pool_link_bytes_per_s: float = field(init=False)
     kappa_hw: float = field(init=False)
     # κ_crit = κ_M · κ_HW with linear F_pf, at the host link: the paper's per-backend figure
-    # (REFERENCE.md §1). A request's own threshold is `CostEstimate.kappa_crossover`.
+    # (REFERENCE.md §1), T-independent. A request's own threshold is `CostEstimate.kappa_crit`.
     kappa_crit_linear: float = field(init=False)
     max_power_w: float = field(init=False)  # P_max = min(power cap, TDP) × TP, W
     idle_power_w: float = field(init=False)  # W
@@ -156,10 +156,16 @@ class RequestShape:
 class CostEstimate:
     """Predicted figures for one request on one backend (seconds, joules, bytes).
 
-    ``kappa_crossover`` is this request's own transfer threshold: the attention-aware κ_crit(T)
-    at its T (uncached prompt tokens), over the link its loads cross (`predict`). It differs
-    from the backend's `BackendSpec.kappa_crit_linear` (linear F_pf, host link), and is
-    ``math.inf`` where no K makes the request transfer-bound.
+    The κ figures (names as in `router.kappa`'s glossary; dimensionless):
+        kappa_ratio: K / T, every cached prompt token (HBM + host tier + KV pool) over the
+            uncached ones (the paper's κ_ratio; the ``x-kappa-ratio`` header).
+        kappa_ratio_loaded: K_loaded / T, the host-tier and pool tokens that must be loaded
+            (``x-kappa-ratio-loaded``).
+        kappa_crit: this request's own threshold on this backend: the attention-aware
+            κ_crit(T, K_hbm) at the link its loads cross (`predict`; ``x-kappa-crit``).
+            ``math.inf`` where no K makes it transfer-bound. It differs from the backend's
+            `BackendSpec.kappa_crit_linear` (linear F_pf, host link, T-independent).
+        regime: ``TRANSFER`` iff t_load > t_compute, which is iff kappa_ratio_loaded > kappa_crit.
     """
 
     t_compute_s: float
@@ -172,7 +178,8 @@ class CostEstimate:
     load_bytes: float
     kv_demand_bytes: float
     kappa_ratio: float
-    kappa_crossover: float
+    kappa_ratio_loaded: float
+    kappa_crit: float
     regime: Regime
 
 
@@ -226,11 +233,13 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         queue_wait_s: expected wait before the prefill starts, s (the caller's estimate).
 
     Returns:
-        A `CostEstimate`; ``kappa_crossover`` is the attention-aware κ_crit(T) of this backend, at
-        the bandwidth this request's loads average over its host and pool links (the host
-        link's when nothing comes from the pool), and ``regime`` compares the t_load and
-        t_compute of this request (the same as K_loaded/T > κ_crit(T) for models without
-        sliding-window layers).
+        A `CostEstimate`; ``kappa_crit`` is the attention-aware κ_crit(T, K_hbm) of this
+        backend (`router.kappa.ModelConstants.kappa_crit`), at the bandwidth this request's
+        loads average over its host and pool links (the host link's when nothing is loaded),
+        and ``regime`` compares the t_load and t_compute of this request: transfer exactly
+        when ``kappa_ratio_loaded`` > ``kappa_crit``. This is the one computation of a
+        request's κ_crit: the gateway's headers and ``/v1/kappa/route`` and ``kappa-gateway
+        crit --backend`` all read it from here.
 
     Raises:
         ValueError: cached pool tokens on a backend without a pool link.
@@ -245,6 +254,7 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
                   hbm_bytes=c.weights_read_bytes(uncached) + c.kv_bytes(prompt),
                   host_load_bytes=host_bytes, kv_pool_load_bytes=kv_pool_bytes)
     load_bytes = host_bytes + kv_pool_bytes
+    loaded = shape.cached_host_tokens + shape.cached_kv_pool_tokens
     # κ_crit at the link this request's loads cross: the host link's, or with pool tokens the
     # bandwidth its loads average (bytes / t_load), so regime and κ_crit agree on every backend.
     kappa_hw = backend.kappa_hw
@@ -267,6 +277,8 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         load_bytes=load_bytes,
         kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens - min(shape.held_tokens, shape.cached_hbm_tokens)),
         kappa_ratio=kappa.kappa_ratio(cached, shape.uncached_prompt_tokens),
-        kappa_crossover=c.kappa_crit(kappa_hw, uncached),
+        kappa_ratio_loaded=kappa.kappa_ratio(loaded, shape.uncached_prompt_tokens),
+        kappa_crit=c.kappa_crit(kappa_hw, uncached, cached_hbm_tokens=shape.cached_hbm_tokens, loaded_tokens=loaded,
+                                bytes_per_loaded_token=load_bytes / loaded if loaded > 0 else None),
         regime=Regime.TRANSFER if pf.load_s > pf.compute_s else Regime.COMPUTE,
     )

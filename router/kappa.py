@@ -39,8 +39,25 @@ c = κ_HW / B_kv and linear F_lin:
 (Llama-3.1-70B at κ_HW = 34e-6: 15.2 at T=128, 33.7 at T=2048, never transfer-bound above
 T ≈ 3,700 — REFERENCE.md §1.)
 
-KV already resident in HBM is read in place, not loaded: the regime compares the part that
-must move, K_host / T, with κ_crit, while the reported κ_ratio counts every cached token.
+KV already resident in HBM is read in place, not loaded, but it is attended to: it adds
+a·K_hbm FLOPs per new token and no bytes to move. So a request's own threshold also depends
+on K_hbm, and on the link its loads cross (host tier or fleet-shared KV pool):
+
+    κ_crit(T, K_hbm) = c · (F_lin + a·(K_hbm + T/2)) / (1 − c·a·T),   c = κ_HW(link) / B_kv
+
+and the regime compares the part that must move, κ_ratio_loaded = K_loaded / T (host tier +
+pool), with it, while the reported κ_ratio counts every cached token (the paper's figure).
+
+The κ figures, one name each (README "κ figures"; every surface — response headers,
+``/v1/kappa/*`` JSON, metrics, the ``crit`` CLI, the demo report, the dashboard — uses these):
+
+    kappa_ratio          K / T, K = every cached prompt token (HBM + host tier + KV pool)
+    kappa_ratio_loaded   K_loaded / T, K_loaded = host tier + KV pool: the KV that must move
+    kappa_crit           a request's threshold on one backend: `kappa_crit` at its T and
+                         K_hbm, at the link its loads cross (`router.cost.predict`); the
+                         request is transfer-bound there iff kappa_ratio_loaded > kappa_crit
+    kappa_crit_linear    a backend's T-independent figure κ_M · κ_HW(host link) with linear
+                         F_pf: the paper's κ_crit, the limit of kappa_crit as T, K_hbm → 0
 """
 
 from __future__ import annotations
@@ -134,13 +151,35 @@ class ModelConstants:
             flops += self.a_sliding * t * min(span, self.window_tokens)
         return flops
 
-    def kappa_crit(self, kappa_hw_bytes_per_flop: float, uncached_prompt_tokens: float) -> float:
-        """`kappa_crit` at T = ``uncached_prompt_tokens`` (the attention-aware closed form)."""
-        c = kappa_hw_bytes_per_flop / self.b_kv
-        denominator = 1.0 - c * self.a_full * uncached_prompt_tokens
+    def kappa_crit(self, kappa_hw_bytes_per_flop: float, uncached_prompt_tokens: float, *,
+                   cached_hbm_tokens: float = 0.0, loaded_tokens: float = 0.0,
+                   bytes_per_loaded_token: float | None = None) -> float:
+        """`kappa_crit` at T = ``uncached_prompt_tokens`` after ``cached_hbm_tokens`` read in place.
+
+        The κ_ratio_loaded = K_loaded / T at which loading K_loaded tokens over the link of
+        ``kappa_hw_bytes_per_flop`` takes as long as the prefill. Models without sliding-window
+        layers: the closed form of the module docstring with B_kv = ``bytes_per_loaded_token``
+        (default: `kv_bytes` per token of ``loaded_tokens``, B_kv when nothing is loaded).
+        Sliding-window layers make load and compute bend at the window; there it is the
+        crossover of the lines tangent to both at the request's own K_loaded (``loaded_tokens``),
+        so that ``K_loaded / T > kappa_crit`` holds exactly when its load outlasts its compute.
+        """
+        t = uncached_prompt_tokens
+        if bytes_per_loaded_token is None:
+            bytes_per_loaded_token = self.kv_bytes(loaded_tokens) / loaded_tokens if loaded_tokens > 0 else self.b_kv
+        c = kappa_hw_bytes_per_flop / bytes_per_loaded_token
+        slope = self.a_full  # attention FLOPs per new token that one more loaded token adds
+        flops = self.f_linear + self.a_full * (cached_hbm_tokens + t / 2.0)  # per new token, at K_loaded = 0
+        if self.window_tokens:
+            if cached_hbm_tokens + loaded_tokens + t / 2.0 < self.window_tokens:
+                slope += self.a_sliding
+                flops += self.a_sliding * (cached_hbm_tokens + t / 2.0)
+            else:
+                flops += self.a_sliding * self.window_tokens
+        denominator = 1.0 - c * slope * t
         if denominator <= 0:
             return math.inf
-        return c * (self.f_linear + self.a_full * uncached_prompt_tokens / 2.0) / denominator
+        return c * flops / denominator
 
 
 _CONSTANTS: dict[int, tuple[ModelProfile, ModelConstants]] = {}
@@ -210,23 +249,37 @@ def kappa_hw(link_bytes_per_s: float, c_eff: float) -> float:
     return link_bytes_per_s / c_eff
 
 
-def kappa_crit(model: ModelProfile, kappa_hw_bytes_per_flop: float, *, uncached_prompt_tokens: float | None = None) -> float:
-    """κ_crit, the κ_ratio above which loading the cached KV takes longer than the prefill.
+def kappa_crit(model: ModelProfile, kappa_hw_bytes_per_flop: float, *, uncached_prompt_tokens: float | None = None,
+               cached_hbm_tokens: float = 0.0) -> float:
+    """κ_crit, the κ_ratio_loaded above which loading the cached KV takes longer than the prefill.
 
     Args:
         model: the model profile.
-        kappa_hw_bytes_per_flop: κ_HW of the backend (`kappa_hw`), byte/FLOP.
-        uncached_prompt_tokens: T; ``None`` gives the linear κ_crit = κ_M · κ_HW, a number gives the
-            attention-aware κ_crit(T) of the module docstring.
+        kappa_hw_bytes_per_flop: κ_HW of the backend at the link the load crosses (`kappa_hw`), byte/FLOP.
+        uncached_prompt_tokens: T; ``None`` gives ``kappa_crit_linear`` = κ_M · κ_HW (linear
+            F_pf, the paper's figure), a number gives the attention-aware κ_crit(T, K_hbm) of
+            the module docstring (`ModelConstants.kappa_crit`).
+        cached_hbm_tokens: K_hbm, cached tokens read in place (attended to, not loaded); only
+            with ``uncached_prompt_tokens``.
 
     Returns:
         κ_crit (dimensionless), ``math.inf`` when no K makes the request transfer-bound.
+
+    Raises:
+        ValueError: ``cached_hbm_tokens`` without ``uncached_prompt_tokens``.
     """
     if uncached_prompt_tokens is None:
+        if cached_hbm_tokens:
+            raise ValueError("cached_hbm_tokens needs uncached_prompt_tokens (the linear κ_crit has neither)")
         return kappa_m(model) * kappa_hw_bytes_per_flop
-    return model_constants(model).kappa_crit(kappa_hw_bytes_per_flop, uncached_prompt_tokens)
+    return model_constants(model).kappa_crit(kappa_hw_bytes_per_flop, uncached_prompt_tokens,
+                                             cached_hbm_tokens=cached_hbm_tokens)
 
 
 def kappa_ratio(cached_tokens: float, uncached_prompt_tokens: float) -> float:
-    """κ_ratio = K / max(T, 1): cached over new prompt tokens (vLLM computes at least one)."""
+    """κ_ratio = K / max(T, 1): cached over new prompt tokens (vLLM computes at least one).
+
+    With K = every cached token it is ``kappa_ratio``; with K = the loaded ones (host tier +
+    KV pool) it is ``kappa_ratio_loaded``, the figure the regime compares with κ_crit.
+    """
     return cached_tokens / max(uncached_prompt_tokens, 1.0)

@@ -101,7 +101,7 @@ def fleet_from_settings(settings: Settings, catalog: Catalog) -> Fleet:
 
 
 def high_kappa_threshold(backends: Sequence[SimBackend]) -> float:
-    """κ_ratio above which a request counts as high-κ: the lowest κ_crit of the compute-dense
+    """κ_ratio above which a request counts as high-κ: the lowest κ_crit_linear of the compute-dense
     backends (``labels.role == compute-dense``; all backends if none is labelled), as the demo reports."""
     dense = [b for b in backends if b.labels.get("role") == "compute-dense"] or list(backends)
     return min(b.spec.kappa_crit_linear for b in dense)

@@ -13,8 +13,11 @@ Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
   loaded from host tiers.
 - regime_share = share of requests whose chosen backend's predicted regime was compute /
   transfer (the x-kappa-regime the gateway would have sent).
-- Per backend, as the demo reports (`gateway.commands.demo.build_report`): requests; high-κ = κ_ratio
-  above the lowest κ_crit of the compute-dense backends (`sim.fleet.high_kappa_threshold`);
+- Per backend, as the demo reports (`gateway.commands.demo.build_report`): requests;
+  ``kappa_crit_linear`` (the backend's T-independent κ_crit); transfer = requests routed
+  there transfer-bound (their κ_ratio_loaded above their own κ_crit there, the
+  x-kappa-regime); high-κ = κ_ratio above one fleet-wide threshold, the lowest
+  κ_crit_linear of the compute-dense backends (`sim.fleet.high_kappa_threshold`);
   large-T = new prompt tokens (prompt − cached, engine-reported) at or above their p90 over
   the run. ``*_share`` is the backend's part of all such requests (summing to 1 over backends).
 """
@@ -62,7 +65,8 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         "goodput_rps", "ttft_slo_s", "energy_per_request_j", "energy_j", "prefix_hit_ratio",
         "host_hit_ratio", "kv_pool_hit_ratio", "regime_share": {"compute", "transfer"}, "requests", "finished",
         "rejected", "makespan_s", "high_kappa_threshold", "large_t_threshold_tokens",
-        "backends": [{"id", "hardware", "role", "kappa_crit", "requests", "request_share",
+        "backends": [{"id", "hardware", "role", "kappa_crit_linear", "requests", "request_share",
+        "transfer_requests", "transfer_share",
         "high_kappa_requests", "high_kappa_share", "high_kappa_of_all", "large_t_requests",
         "large_t_share", "large_t_of_all",
         "prefix_hit_ratio", "ttft_p50_s", "energy_j"}], "wall_s"}``; figures with no data are None.
@@ -90,7 +94,10 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in mine_done)
         backends.append({
             "id": b.id, "hardware": _hardware(b), "role": b.labels.get("role", ""),
-            "kappa_crit": b.spec.kappa_crit_linear, "requests": len(mine), "request_share": _share(len(mine), routed),
+            "kappa_crit_linear": b.spec.kappa_crit_linear, "requests": len(mine),
+            "request_share": _share(len(mine), routed),
+            "transfer_requests": sum(r.regime == "transfer" for r in mine),
+            "transfer_share": _share(sum(r.regime == "transfer" for r in mine), len(mine)),
             # *_share: of this backend's requests (as in the demo's report); *_of_all: of the run's
             "high_kappa_requests": high, "high_kappa_share": _share(high, len(mine)),
             "high_kappa_of_all": _share(high, n_high),

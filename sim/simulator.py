@@ -79,8 +79,9 @@ DecisionObserver = Callable[[DecisionEvent], None]
 class RequestRecord:
     """One request's fate. Times in virtual seconds; token counts as the engine reported them.
 
-    ``kappa_ratio``, ``kappa_crossover``, ``regime`` and ``predicted_ttft_s`` are the chosen
-    candidate's figures at decision time (what the gateway puts in its x-kappa-* headers).
+    ``kappa_ratio``, ``kappa_ratio_loaded``, ``kappa_crit``, ``regime`` and ``predicted_ttft_s``
+    are the chosen candidate's figures at decision time (what the gateway puts in its
+    x-kappa-* headers; names as in `router.kappa`).
     """
 
     index: int
@@ -88,7 +89,8 @@ class RequestRecord:
     backend_id: str
     max_tokens: int
     kappa_ratio: float
-    kappa_crossover: float
+    kappa_ratio_loaded: float
+    kappa_crit: float
     regime: str
     predicted_ttft_s: float
     prompt_tokens: int = 0
@@ -318,8 +320,8 @@ class Simulator:
             self._rejected.append(req.index)
             return None
         est = cand.estimate
-        record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_crossover,
-                               est.regime.value, est.ttft_s)
+        record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_ratio_loaded,
+                               est.kappa_crit, est.regime.value, est.ttft_s)
         self._records[req.index] = record
         self._active[rid] = _Active(record, replica.dispatch.charge(plan, cand), request, replica)
         if self.topology.record_at_decision:

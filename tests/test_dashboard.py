@@ -230,7 +230,8 @@ def test_dashboard_queries_name_exported_metrics_with_their_labels(scraped_serie
 def test_dashboard_covers_routing_kappa_hit_rate_ttft_load_and_power() -> None:
     used = set().union(*(metric_names(expr) for _, expr in dashboard_queries()))
     assert {
-        "gateway_requests_total", "gateway_kappa_ratio_bucket", "gateway_kappa_crit", "gateway_prompt_tokens_total",
+        "gateway_requests_total", "gateway_kappa_ratio_bucket", "gateway_kappa_ratio_loaded_bucket",
+        "gateway_kappa_crit_linear", "gateway_prompt_tokens_total",
         "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "gateway_cached_tokens_reported_total",
         "gateway_cached_tokens_estimated_total", "gateway_ttft_seconds_bucket", "gateway_in_flight_requests",
         "gateway_kv_demand_bytes", "gateway_backend_up", "mock_vllm:power_watts", "mock_vllm:energy_joules_total",

@@ -1,8 +1,9 @@
 """The ``kappa-gateway`` command line.
 
 ``serve`` (the gateway), ``demo`` (mock fleet + gateway + traffic + report), ``replay`` (a
-trace against any OpenAI URL), ``sim`` (policies compared in virtual time) and ``crit``
-(κ_crit for model × hardware) here; ``mock-vllm`` and ``mock-fleet`` (vLLM-compatible mock
+trace against any OpenAI URL) and ``sim`` (policies compared in virtual time) here; ``crit``
+(κ_crit for model × hardware, or for a request on a config's backends) in
+`gateway.commands.crit_cli`; ``mock-vllm`` and ``mock-fleet`` (vLLM-compatible mock
 backends) in `gateway.commands.mock_cli`. ``analyze`` is not built yet and is absent, not stubbed.
 """
 
@@ -10,78 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from uvicorn.config import LOG_LEVELS
 from uvicorn.logging import TRACE_LOG_LEVEL
 
-from fleet_config.catalog import default_catalog
 from gateway.access_log import ACCESS_LOGGER
-from gateway.commands.crit import CritRow, crit_rows
 from gateway.commands.typer_app import app, load_config
-from router.errors import ProfileError
-
-
-def _fmt_crit(value: float) -> str:
-    return "never" if math.isinf(value) else f"{value:.2f}"
-
-
-def _json_crit(row: CritRow) -> dict:
-    out = row.as_dict()
-    if math.isinf(row.kappa_crit):
-        out["kappa_crit"] = None  # null: no κ_ratio makes this pair transfer-bound at this T
-    return out
-
-
-@app.command()
-def crit(
-    model: Annotated[list[str], typer.Option("--model", "-m", help="catalog model name, repeatable, or 'all'")] = ["all"],
-    hardware: Annotated[list[str], typer.Option("--hardware", "-w", help="catalog hardware name, repeatable, or 'all'")] = ["all"],
-    kappa_hw: Annotated[float | None, typer.Option("--kappa-hw", help="use this κ_HW (byte/FLOP) for every pair, e.g. 34e-6")] = None,
-    link_gbps: Annotated[float | None, typer.Option("--link-gbps", help="sustained host-link bandwidth in GB/s (gigabytes per second)")] = None,
-    c_eff_tflops: Annotated[float | None, typer.Option("--c-eff-tflops", help="effective prefill compute in TFLOP/s")] = None,
-    uncached_prompt_tokens: Annotated[int | None, typer.Option("--uncached-tokens", "-T", "--new-tokens", min=1, help="T, the uncached prompt tokens to prefill, for the attention-aware κ_crit(T)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
-) -> None:
-    """κ_crit for models × hardware: above it, a request's cached-KV load outlasts its prefill."""
-    for flag, value in (("--kappa-hw", kappa_hw), ("--link-gbps", link_gbps), ("--c-eff-tflops", c_eff_tflops)):
-        if value is not None and not value > 0:
-            raise typer.BadParameter(f"{flag} must be > 0, got {value:g}")
-    if kappa_hw is not None and (link_gbps is not None or c_eff_tflops is not None):
-        raise typer.BadParameter("--kappa-hw replaces κ_HW = link / C_eff: give it, or --link-gbps/--c-eff-tflops, not both")
-    try:
-        rows = crit_rows(
-            default_catalog(), model, hardware,
-            kappa_hw_override=kappa_hw, link_gb_s=link_gbps, c_eff_tflops=c_eff_tflops, uncached_prompt_tokens=uncached_prompt_tokens,
-        )
-    except ProfileError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    if as_json:
-        typer.echo(json.dumps([_json_crit(r) for r in rows], indent=2))
-        return
-    title = "κ_crit = κ_M · κ_HW" + (f" (attention-aware, T={uncached_prompt_tokens})" if uncached_prompt_tokens else " (linear F_pf)")
-    table = Table(title=title)
-    table.add_column("model", no_wrap=True)
-    table.add_column("hardware", no_wrap=True)
-    for col in ("B_kv B/tok", "κ_M FLOP/B", "link GB/s", "C_eff TF/s", "κ_HW ×1e-6", "κ_crit"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for r in rows:
-        table.add_row(
-            r.model, r.hardware, f"{r.b_kv_bytes:,.0f}", f"{r.kappa_m:,.0f}", f"{r.link_gb_s:.1f}",
-            f"{r.c_eff_tflops:.0f}", f"{r.kappa_hw * 1e6:.1f}", _fmt_crit(r.kappa_crit),
-        )
-    Console(width=max(Console().width, 110)).print(table)
-    typer.echo(
-        "A request is transfer-bound on a backend when K_host / T (the cached tokens it must load from the host "
-        "tier over the link) exceeds its κ_crit; 'never' = no K makes it so at this T (attention grows with K too). "
-        "Sliding-window models: B_kv is nominal over all layers (--json adds b_kv_full_attention_bytes)."
-    )
 
 
 def configure_logging(log_level: str, *, json_access_log: bool) -> None:
@@ -246,7 +186,7 @@ def replay_trace(
         raise typer.Exit(1)  # a replay with failed requests is a failed run (scripts and CI can tell)
 
 
-from gateway.commands import mock_cli  # noqa: E402,F401 -- registers mock-vllm, mock-fleet, mock-fleet-worker
+from gateway.commands import crit_cli, mock_cli  # noqa: E402,F401 -- register crit; mock-vllm, mock-fleet, mock-fleet-worker
 
 
 def main() -> None:

@@ -2,7 +2,9 @@
 
 Starts the four mock backends (child processes) and the gateway (a child process, embedded
 index) on free loopback ports, replays a workload through real HTTP (`gateway.commands.replay`),
-and reports per backend: requests, regime split, κ_ratio p50/p90, prefix hit rate, TTFT
+and reports per backend: requests, the transfer-bound share (the regime the gateway decided
+for each request against that backend's own κ_crit at the request's T, ``x-kappa-regime``),
+κ_ratio and κ_ratio_loaded p50/p90, the requests' median κ_crit, prefix hit rate, TTFT
 p50/p90 and energy (from each mock's ``mock_vllm:energy_joules_total``). Every process it
 started is ended by its pid when it finishes.
 
@@ -13,7 +15,9 @@ it reads in modelled seconds (at time scale 1 the two agree).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -128,7 +132,17 @@ def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rat
 
 def build_report(settings: Settings, results: Sequence[RequestResult], backend_metrics: dict[str, dict[str, float]],
                  gateway_metrics: dict[str, float], time_scale: float) -> dict[str, Any]:
-    """``{"requests", "errors", "backends": [{id, hardware, requests, regimes, kappa_ratio_p50, …}], …}``."""
+    """``{"requests", "errors", "backends": [{id, hardware, requests, regimes, kappa_ratio_p50, …}], …}``.
+
+    Per backend, κ names as in `router.kappa`: ``kappa_crit_linear`` (the backend's
+    T-independent figure), ``kappa_crit_p50`` (the lower median of its requests' ``x-kappa-crit``;
+    null when that median request is never transfer-bound — ``inf``, which JSON lacks — or no
+    request has one), ``kappa_crit_never_requests`` (requests whose ``x-kappa-crit`` is ``inf``), ``transfer_share``
+    (its requests the gateway labelled ``transfer``: κ_ratio_loaded above their own κ_crit),
+    ``kappa_ratio_p50/p90`` and ``kappa_ratio_loaded_p50/p90``. ``high_kappa_requests`` counts
+    κ_ratio above ``high_kappa_threshold``, one fleet-wide figure (the lowest κ_crit_linear of
+    the compute-dense backends) that classifies the workload for ``placement_by_role``.
+    """
     catalog = default_catalog()
     compute_dense = [b for b in settings.backends if b.labels.get("role") == "compute-dense"] or settings.backends
     high_kappa = min(settings.backend_spec(catalog, b).kappa_crit_linear for b in compute_dense)
@@ -138,17 +152,24 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     for b in settings.backends:
         mine = [r for r in ok if r.backend == b.id]
         kappas = [r.kappa_ratio for r in mine if r.kappa_ratio is not None]
+        loaded = [r.kappa_ratio_loaded for r in mine if r.kappa_ratio_loaded is not None]
+        crits = [r.kappa_crit for r in mine if r.kappa_crit is not None]
+        transfer = sum(r.regime == "transfer" for r in mine)
+        crit_p50 = statistics.median_low(crits) if crits else None
         ttfts = [r.ttft_s / time_scale for r in mine if r.ttft_s is not None]
         prompt = sum(r.prompt_tokens or 0 for r in mine)
         cached = sum(r.cached_tokens or 0 for r in mine)
         backends.append({
             "id": b.id, "hardware": f"{b.hardware} x{b.tensor_parallel}"
                                     + (f" capped {b.power_cap_w:g} W" if b.power_cap_w else ""),
-            "role": b.labels.get("role", ""), "kappa_crit": settings.backend_spec(catalog, b).kappa_crit_linear,
+            "role": b.labels.get("role", ""), "kappa_crit_linear": settings.backend_spec(catalog, b).kappa_crit_linear,
             "requests": len(mine),
-            "regimes": {"compute": sum(r.regime == "compute" for r in mine),
-                        "transfer": sum(r.regime == "transfer" for r in mine)},
+            "regimes": {"compute": sum(r.regime == "compute" for r in mine), "transfer": transfer},
+            "transfer_share": transfer / len(mine) if mine else None,
             "kappa_ratio_p50": percentile(kappas, 50), "kappa_ratio_p90": percentile(kappas, 90),
+            "kappa_ratio_loaded_p50": percentile(loaded, 50), "kappa_ratio_loaded_p90": percentile(loaded, 90),
+            "kappa_crit_p50": None if crit_p50 is None or math.isinf(crit_p50) else crit_p50,
+            "kappa_crit_never_requests": sum(math.isinf(c) for c in crits),
             "high_kappa_requests": sum(k > high_kappa for k in kappas),
             "large_t_requests": sum((r.prompt_tokens or 0) - (r.cached_tokens or 0) >= large_t for r in mine),
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),

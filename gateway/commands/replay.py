@@ -38,7 +38,8 @@ CONNECT_TIMEOUT_S = 10.0
 QUEUED_THRESHOLD_S = 0.001
 """A request counts as client-queued when it waited longer than this for a slot, s."""
 ERROR_EXAMPLES = 5
-KAPPA_HEADERS = ("x-kappa-backend", "x-kappa-ratio", "x-kappa-crit", "x-kappa-regime", "x-request-id")
+KAPPA_HEADERS = ("x-kappa-backend", "x-kappa-ratio", "x-kappa-ratio-loaded", "x-kappa-crit", "x-kappa-regime",
+                 "x-request-id")
 
 
 class ReplayError(Exception):
@@ -62,9 +63,10 @@ class RequestResult:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     completion_tokens: int | None = None
     backend: str | None = None       # x-kappa-backend
-    kappa_ratio: float | None = None  # x-kappa-ratio
-    kappa_crit: float | None = None  # x-kappa-crit
-    regime: str | None = None        # x-kappa-regime: compute | transfer
+    kappa_ratio: float | None = None  # x-kappa-ratio: K/T, every cached token
+    kappa_ratio_loaded: float | None = None  # x-kappa-ratio-loaded: K_loaded/T (host tier + KV pool)
+    kappa_crit: float | None = None  # x-kappa-crit: the request's κ_crit there (inf: never transfer-bound)
+    regime: str | None = None        # x-kappa-regime: compute | transfer (ratio-loaded > crit)
     request_id: str | None = None    # x-request-id as echoed
 
     @property
@@ -194,6 +196,7 @@ async def _send(session: aiohttp.ClientSession, endpoint: str, body: dict[str, A
             result.backend, result.regime, result.request_id = (
                 got["x-kappa-backend"], got["x-kappa-regime"], got["x-request-id"])
             result.kappa_ratio = _float_header(got["x-kappa-ratio"])
+            result.kappa_ratio_loaded = _float_header(got["x-kappa-ratio-loaded"])
             result.kappa_crit = _float_header(got["x-kappa-crit"])
             if resp.status >= 400:
                 result.error = f"HTTP {resp.status}: {_error_message(await resp.text(errors='replace'))}"

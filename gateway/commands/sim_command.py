@@ -132,5 +132,5 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
                                     f"{_f(b['large_t_share'], '.0%')})" for b in p["backends"]))
     console.print(per_backend)
     if first:
-        console.print(f"high-κ: κ_ratio > {first['high_kappa_threshold']:.1f} (lowest κ_crit of the compute-dense "
-                      "backends, or of all); large-T: new prompt tokens at or above their p90 in that run.")
+        console.print(f"high-κ: κ_ratio > {first['high_kappa_threshold']:.1f} (lowest κ_crit_linear of the "
+                      "compute-dense backends, or of all); large-T: new prompt tokens at or above their p90 in that run.")

@@ -20,6 +20,7 @@ from gateway.body import read_body
 from gateway.routes.deps import State, get_state
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
+from router.cost import BackendSpec, RequestShape, predict
 from router.profiles import GB
 
 
@@ -60,9 +61,31 @@ async def metrics(request: Request, gw: State) -> Response:
     return Response(generate_latest(gw.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+# T of the reference κ_crit figures `/v1/kappa/backends` shows per backend and link.
+REFERENCE_UNCACHED_PROMPT_TOKENS = (128, 1024, 8192)
+
+
+def kappa_crit_reference(spec: BackendSpec) -> dict[str, dict[str, float | None] | None]:
+    """κ_crit of reference requests on one backend: T uncached tokens (the keys), no HBM hit,
+    K_loaded = T from the host tier ("host") or from the KV pool ("kv_pool"; None without a
+    pool link), by `router.cost.predict` (what the router computes for such a request). A
+    value is None where no K makes such a request transfer-bound."""
+    def at(t: int, *, host: int = 0, kv_pool: int = 0) -> float | None:
+        return _finite(predict(RequestShape(0, host, t, 1, cached_kv_pool_tokens=kv_pool), spec).kappa_crit)
+
+    ts = REFERENCE_UNCACHED_PROMPT_TOKENS
+    return {"host": {str(t): at(t, host=t) for t in ts},
+            "kv_pool": {str(t): at(t, kv_pool=t) for t in ts} if spec.kv_pool_link_bytes_per_s else None}
+
+
 @kappa_router.get("/backends")
 async def backends(gw: State) -> dict:
-    """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks."""
+    """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks.
+
+    κ figures (names: `router.kappa`): ``kappa_crit_linear`` (predicted, T-independent
+    κ_M·κ_HW at the host link), ``kappa_crit_linear_measured`` (the online fit,
+    `router.calibration.KappaCritFit`; null until it has samples), ``kappa_crit_reference``
+    (`kappa_crit_reference`: the per-request κ_crit at reference T, by link)."""
     try:
         index_blocks: dict[str, int] | None = (await gw.index.stats()).blocks_by_backend
     except PrefixIndexError:
@@ -74,7 +97,8 @@ async def backends(gw: State) -> dict:
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
             "labels": s.entry.labels, "healthy": s.healthy,
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
-            "kappa_crit": spec.kappa_crit_linear, "kappa_crit_measured": s.kappa_fit.kappa_crit(),
+            "kappa_crit_linear": spec.kappa_crit_linear, "kappa_crit_linear_measured": s.kappa_fit.kappa_crit(),
+            "kappa_crit_reference": kappa_crit_reference(spec),
             "kappa_fit_samples": dict(zip(("compute", "transfer"), s.kappa_fit.samples, strict=True)),
             "kappa_hw": spec.kappa_hw,
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),
@@ -104,8 +128,12 @@ async def backends(gw: State) -> dict:
 async def explain(request: Request, gw: State) -> dict[str, Any]:
     """Explain the decision for a chat or completions body without sending it.
 
-    ``kappa_crit`` is null where no K makes the request transfer-bound at its T (the
-    attention-aware κ_crit(T) is infinite there; `router.kappa.kappa_crit`)."""
+    Per candidate, the figures the response headers would carry had it been chosen
+    (`router.cost.CostEstimate`): ``kappa_ratio`` (K/T), ``kappa_ratio_loaded`` (K_loaded/T,
+    host tier + pool), ``kappa_crit`` (this request's κ_crit there: at its T and K_hbm, over
+    the link its loads cross; null where no K makes it transfer-bound) and ``regime``
+    (transfer iff kappa_ratio_loaded > kappa_crit); ``kappa_crit_linear`` is the backend's
+    T-independent figure, for comparison."""
     slot = gw.admission.admit()
     try:
         raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
@@ -137,7 +165,9 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
             "hardware": plan.targets[c.backend_id].entry.hardware,
             "cached_hbm_tokens": c.cached_hbm_tokens, "cached_host_tokens": c.cached_host_tokens,
             "cached_kv_pool_tokens": c.cached_kv_pool_tokens,
-            "uncached_prompt_tokens": c.uncached_prompt_tokens, "kappa_ratio": est.kappa_ratio, "kappa_crit": _finite(est.kappa_crossover),
+            "uncached_prompt_tokens": c.uncached_prompt_tokens, "kappa_ratio": est.kappa_ratio,
+            "kappa_ratio_loaded": est.kappa_ratio_loaded, "kappa_crit": _finite(est.kappa_crit),
+            "kappa_crit_linear": plan.targets[c.backend_id].spec.kappa_crit_linear,
             "regime": est.regime.value, "admitted": c.admitted,
             "predicted_ttft_s": est.ttft_s, "predicted_prefill_s": est.prefill_s,
             "t_compute_s": est.t_compute_s, "t_load_s": est.t_load_s,

@@ -131,11 +131,12 @@ def test_models_health_ready_backends_and_explain(gw: Gateway) -> None:
     assert gw.http.get("/health").status_code == 200
     assert gw.http.get("/ready").json()["healthy_backends"] == 2
     backends = {b["id"]: b for b in gw.http.get("/v1/kappa/backends").json()["backends"]}
-    assert backends["b"]["hardware"] == "b200" and backends["a"]["kappa_crit"] > 0 and backends["a"]["healthy"]
+    assert backends["b"]["hardware"] == "b200" and backends["a"]["kappa_crit_linear"] > 0 and backends["a"]["healthy"]
     explained = gw.http.post("/v1/kappa/route", json={"model": MOCK_MODEL, "prompt": long_prompt("explain")}).json()
     assert {c["backend"] for c in explained["candidates"]} == {"a", "b"}
     assert explained["chosen"] == explained["candidates"][0]["backend"]
-    assert {"kappa_ratio", "kappa_crit", "regime", "predicted_ttft_s", "predicted_energy_j"} <= set(explained["candidates"][0])
+    assert {"kappa_ratio", "kappa_ratio_loaded", "kappa_crit", "kappa_crit_linear", "regime", "predicted_ttft_s",
+            "predicted_energy_j"} <= set(explained["candidates"][0])
 
 
 def explain_cached(gw: Gateway, body: dict) -> int:

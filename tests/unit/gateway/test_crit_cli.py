@@ -9,7 +9,11 @@ import sys
 
 import pytest
 
+from fleet_config.catalog import CONFIG_DIR, default_catalog
 from gateway.commands.cli import app
+from router import kappa
+
+CATALOG = default_catalog()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,7 +28,7 @@ def test_issue_example_llama_70b_on_h100() -> None:
     (row,) = json.loads(proc.stdout)
     assert row["model"] == "llama-3.1-70b" and row["hardware"] == "h100-sxm"
     assert row["b_kv_bytes"] == 327_680
-    assert 14.3 <= round(row["kappa_crit"], 1) <= 14.6  # the issue: "≈ 14.3–14.6"
+    assert 14.3 <= round(row["kappa_crit_linear"], 1) <= 14.6  # the issue: "≈ 14.3–14.6"
     assert row["kappa_hw"] == 34e-6 and row["kappa_m"] == pytest.approx(430_603, rel=1e-4)
 
 
@@ -32,7 +36,7 @@ def test_all_models_all_hardware_json_shape() -> None:
     proc = run_cli("crit", "--json")
     rows = json.loads(proc.stdout)
     assert len(rows) >= 81
-    assert {"model", "hardware", "b_kv_bytes", "kappa_m", "kappa_hw", "kappa_crit"} <= set(rows[0])
+    assert {"model", "hardware", "b_kv_bytes", "kappa_m", "kappa_hw", "kappa_crit_linear"} <= set(rows[0])
 
 
 def test_paper_values_with_kappa_hw_override() -> None:
@@ -41,7 +45,7 @@ def test_paper_values_with_kappa_hw_override() -> None:
     result = CliRunner().invoke(
         app, ["crit", "-m", "llama-3.1-70b", "-m", "qwen3-235b-a22b", "-m", "deepseek-v3", "-w", "h100-sxm",
               "--kappa-hw", "34e-6", "--json"])
-    crit = {r["model"]: r["kappa_crit"] for r in json.loads(result.stdout)}
+    crit = {r["model"]: r["kappa_crit_linear"] for r in json.loads(result.stdout)}
     assert crit["llama-3.1-70b"] == pytest.approx(14.3, rel=0.05)
     assert crit["qwen3-235b-a22b"] == pytest.approx(7.8, rel=0.05)
     assert crit["deepseek-v3"] == pytest.approx(36, rel=0.05)
@@ -55,7 +59,10 @@ def test_link_and_compute_overrides_and_attention_aware_t() -> None:
               "--new-tokens", "2048", "--json"])
     (row,) = json.loads(result.stdout)
     assert row["kappa_hw"] == pytest.approx(34e-6)
-    assert row["kappa_crit"] == pytest.approx(33.7, rel=0.01)
+    assert row["kappa_crit"] == pytest.approx(33.7, rel=0.01)  # at T: the request's
+    assert row["kappa_crit_linear"] == pytest.approx(430_603 * 34e-6, rel=1e-4)  # the backend's, beside it
+    (no_t,) = json.loads(CliRunner().invoke(app, ["crit", "-m", "llama-3.1-70b", "-w", "h100-sxm", "--json"]).stdout)
+    assert "kappa_crit" not in no_t and "uncached_prompt_tokens" not in no_t  # no T, no per-request figure
 
 
 def test_never_transfer_bound_is_null_in_json() -> None:
@@ -81,3 +88,44 @@ def test_table_output_and_unknown_model_error() -> None:
 def test_bad_overrides_are_usage_errors(args: list[str], message: str) -> None:
     proc = run_cli("crit", "-m", "llama-3.1-8b", "-w", "h100-sxm", *args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_backend_of_the_demo_fleet_gets_the_kappa_crit_of_the_link_its_load_crosses() -> None:
+    """The issue's GH200: 290.26 in /v1/kappa/backends, "never" from ``crit -T 1024``, ~25 in the
+    headers. Three different figures, now each named: kappa_crit_linear (290.26, T-independent),
+    and the request's kappa_crit at T=1024 — never from the host tier over NVLink-C2C (1.2 TB/s
+    for the x4), 45.2 for a load from the fleet's KV pool (100 GB/s into the x4)."""
+    from typer.testing import CliRunner
+
+    def rows(*args: str) -> list[dict]:
+        result = CliRunner().invoke(app, ["crit", "--config", str(CONFIG_DIR / "fleet.local.yaml"), "-b", "gh200",
+                                          "-T", "1024", *args, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    (host,) = rows("--cached-host-tokens", "4096")
+    (pool,) = rows("--cached-kv-pool-tokens", "4096", "--cached-hbm-tokens", "0")
+    assert host["kappa_crit_linear"] == pool["kappa_crit_linear"] == pytest.approx(290.26, abs=0.01)
+    assert host["kappa_crit"] is None and host["regime"] == "compute" and host["link_gb_s"] == 1200
+    c_eff = pool["c_eff_tflops"] * 1e12
+    assert pool["kv_pool_link_gb_s"] == 100 and pool["kappa_crit"] == pytest.approx(
+        kappa.kappa_crit(CATALOG.model("llama-3.1-70b"), kappa.kappa_hw(100e9, c_eff), uncached_prompt_tokens=1024))
+    assert pool["kappa_crit"] == pytest.approx(45.2, abs=0.05)
+    assert (pool["kappa_ratio"], pool["kappa_ratio_loaded"], pool["regime"]) == (4.0, 4.0, "compute")
+    (hbm,) = rows("--cached-hbm-tokens", "20000", "--cached-kv-pool-tokens", "4096")
+    assert hbm["kappa_ratio"] == pytest.approx(24096 / 1024) and hbm["kappa_ratio_loaded"] == 4.0
+    assert hbm["kappa_crit"] > pool["kappa_crit"]  # attention over the HBM-resident K is compute too
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["-b", "gh200"], "--backend needs -T"), (["-T", "10", "--cached-host-tokens", "5"], "need --backend"),
+     (["-b", "nope", "-T", "10"], "unknown backend 'nope'"), (["-b", "gh200", "-T", "10", "-m", "qwen3-8b"], "--backend reads model")],
+    ids=["backend-without-t", "split-without-backend", "unknown-backend", "backend-and-model"],
+)
+def test_backend_mode_usage_errors(args: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["crit", "--config", str(CONFIG_DIR / "fleet.local.yaml"), *args],
+                                terminal_width=200)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from rich.console import Console
 
@@ -60,3 +62,40 @@ def test_the_text_report_states_the_index_accuracy(capsys: pytest.CaptureFixture
     print_report(report, Console(width=300))  # it prints at ≥ 160 columns on its own console
     assert ("predicted K within one block of the reported cached tokens on 97.5% of 40 answers (over: 1, under: 0); "
             "2 index resets") in " ".join(capsys.readouterr().out.split())
+
+
+def test_transfer_share_is_each_backends_own_regime_not_one_kappa_threshold(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13, item 2: the table applied one `κ>6.4` column (the compute-dense κ_crit_linear) to
+    every row. A GH200 request at κ_ratio 50 is compute-bound there (its κ_crit at that T is 200);
+    a B200 request at κ_ratio_loaded 8 is transfer-bound (its κ_crit 7); an H100 request whose
+    κ_ratio 10 is all HBM hit loads nothing. The column now counts the gateway's own regimes."""
+    from rich.console import Console
+
+    from gateway.commands.demo_report import print_report
+
+    def routed(i: int, backend: str, ratio: float, loaded: float, crit: float, regime: str) -> RequestResult:
+        return RequestResult(index=i, arrival_s=0.0, sent_s=0.0, status=200, ttft_s=0.1, prompt_tokens=9_000,
+                             cached_tokens=8_000, backend=backend, kappa_ratio=ratio, kappa_ratio_loaded=loaded,
+                             kappa_crit=crit, regime=regime)
+
+    results = [routed(0, "gh200", 50.0, 50.0, 200.0, "compute"), routed(1, "gh200", 3.0, 3.0, float("inf"), "compute"),
+               routed(2, "b200-a", 8.0, 8.0, 7.0, "transfer"), routed(3, "h100-capped", 10.0, 0.0, 25.0, "compute"),
+               routed(4, "b200-b", 0.1, 0.0, float("inf"), "compute")]
+    report = build_report(SETTINGS, results, {}, {}, time_scale=1.0)
+    report.update(wall_s=1.0, workload="hand-made")
+    by_id = {b["id"]: b for b in report["backends"]}
+    assert {k: by_id[k]["transfer_share"] for k in ("gh200", "b200-a", "h100-capped", "b200-b")} == {
+        "gh200": 0.0, "b200-a": 1.0, "h100-capped": 0.0, "b200-b": 0.0}
+    assert (by_id["b200-b"]["kappa_crit_p50"], by_id["b200-b"]["kappa_crit_never_requests"]) == (None, 1)
+    json.dumps(report, allow_nan=False)  # --json prints strict JSON: "never" is null, not Infinity
+    assert by_id["gh200"]["kappa_crit_linear"] == pytest.approx(290.26, abs=0.01) and "kappa_crit" not in by_id["gh200"]
+    assert by_id["gh200"]["kappa_crit_p50"] == 200.0 and by_id["gh200"]["kappa_ratio_loaded_p90"] == pytest.approx(45.3)
+    assert by_id["h100-capped"]["kappa_ratio_p50"] == 10.0 and by_id["h100-capped"]["kappa_ratio_loaded_p50"] == 0.0
+
+    print_report(report, Console(width=240))
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if "backend" in line and "hardware" in line)
+    assert "κ>" not in header and "transfer" in header and "κ_crit_lin" in header and "κ_load p90" in header
+    rows = {line.split()[1]: line for line in text.splitlines() if line.split()[1:2] and line.split()[1] in by_id}
+    assert "1 (100%)" in rows["b200-a"] and "0 (0%)" in rows["gh200"] and "290.3" in rows["gh200"]
+    assert "never" in rows["b200-b"] and "200.0" in rows["gh200"]

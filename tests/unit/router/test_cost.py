@@ -29,7 +29,7 @@ def test_regime_flips_at_kappa_crit_of_the_request() -> None:
     below = predict(RequestShape(0, 0.99 * crit * new, new, 1), backend)
     above = predict(RequestShape(0, 1.01 * crit * new, new, 1), backend)
     assert (below.regime, above.regime) == (Regime.COMPUTE, Regime.TRANSFER)
-    assert below.kappa_crossover == pytest.approx(crit)
+    assert below.kappa_crit == pytest.approx(crit)
 
 
 def test_hbm_resident_kv_is_not_loaded() -> None:
@@ -126,8 +126,8 @@ def test_kappa_crit_of_a_pool_load_is_at_the_pool_link_so_it_agrees_with_the_reg
     gh200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("gh200"), tensor_parallel=4, kv_pool_link_gb_s=100)
     for new in (27, 224, 2_000):
         est = predict(RequestShape(0, 0, new, 1, cached_kv_pool_tokens=7_090), gh200)
-        assert est.kappa_crossover == pytest.approx(kappa.kappa_crit(LLAMA_70B, kappa.kappa_hw(100e9, gh200.c_eff_flops_per_s), uncached_prompt_tokens=new))
-        assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crossover)
+        assert est.kappa_crit == pytest.approx(kappa.kappa_crit(LLAMA_70B, kappa.kappa_hw(100e9, gh200.c_eff_flops_per_s), uncached_prompt_tokens=new))
+        assert (est.regime is Regime.TRANSFER) == (7_090 / new > est.kappa_crit)
 
 
 def test_decode_reads_the_active_weights_and_the_kv_of_the_mean_context() -> None:
@@ -142,3 +142,63 @@ def test_decode_reads_the_active_weights_and_the_kv_of_the_mean_context() -> Non
     assert est.e2e_s == pytest.approx(est.ttft_s + 999 * step, rel=1e-9)
     longer = predict(RequestShape(0, 0, 10_000, 3_000), backend)  # a longer answer reads more KV per step
     assert longer.decode_step_s == pytest.approx((8.03e9 * 2 + 11_500 * 131_072) / 3.35e12, rel=1e-9)
+
+
+# --- one κ_crit per request, and the ratio it is compared with (issue 13, items 1–2) ---------------
+
+SPLIT_MODELS = ("llama-3.1-70b", "deepseek-v3", "gpt-oss-20b", "mistral-7b-v0.1")  # dense, MLA, two sliding-window
+
+
+@pytest.mark.parametrize("model", SPLIT_MODELS)
+def test_regime_is_transfer_exactly_when_kappa_ratio_loaded_exceeds_kappa_crit(model: str) -> None:
+    """What the headers show decides the regime: x-kappa-ratio-loaded > x-kappa-crit ⇔ transfer,
+    for any split of K over HBM, host tier and pool, sliding-window models included."""
+    import random
+
+    rng = random.Random(13)
+    backends = [BackendSpec(model=CATALOG.model(model), hardware=CATALOG.hw(hw), tensor_parallel=tp, kv_pool_link_gb_s=pool)
+                for hw, tp, pool in (("b200", 2, 30.0), ("gh200", 4, 100.0), ("h100-sxm", 4, None))]
+    seen = set()
+    for _ in range(600):
+        backend = rng.choice(backends)
+        new = rng.choice((1, 7, 64, 300, 1_000, 3_000, 12_000))
+        hbm, host = rng.choice((0, 0, 500, 20_000)), rng.choice((0, 0, 100, 3_000, 40_000))
+        pool = rng.choice((0, 0, 2_000, 30_000)) if backend.kv_pool_link_bytes_per_s else 0
+        est = predict(RequestShape(hbm, host, new, 1, cached_kv_pool_tokens=pool), backend)
+        assert est.kappa_ratio == pytest.approx((hbm + host + pool) / new)
+        assert est.kappa_ratio_loaded == pytest.approx((host + pool) / new)
+        if est.kappa_ratio_loaded == pytest.approx(est.kappa_crit, rel=1e-9):
+            continue  # on the line itself rounding decides
+        assert (est.regime is Regime.TRANSFER) == (est.kappa_ratio_loaded > est.kappa_crit), (backend.hardware.name, hbm, host, pool, new)
+        assert (est.regime is Regime.TRANSFER) == (est.t_load_s > est.t_compute_s)
+        seen.add(est.regime)
+    assert seen == {Regime.COMPUTE, Regime.TRANSFER}
+
+
+def test_a_large_hbm_hit_raises_kappa_ratio_not_the_load_the_regime_compares() -> None:
+    """The issue's example: x-kappa-ratio 17.26 above x-kappa-crit 6.5, yet compute. On a B200 x2
+    most of the K sits in HBM (read in place); only the host-tier part must be loaded."""
+    b200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("b200"), tensor_parallel=2)
+    est = predict(RequestShape(16_000, 1_260, 1_000, 1), b200)
+    assert est.kappa_ratio == pytest.approx(17.26) and est.kappa_ratio > est.kappa_crit
+    assert est.kappa_ratio_loaded == pytest.approx(1.26) and est.kappa_ratio_loaded < est.kappa_crit
+    assert est.regime is Regime.COMPUTE
+
+
+def test_kappa_crit_counts_the_attention_over_hbm_resident_kv() -> None:
+    """K in HBM is not loaded but is attended to: it adds compute, so the κ_ratio_loaded at which the
+    load overtakes the prefill rises with K_hbm. κ_crit is that crossover, found here by bisection
+    on the cost model's own t_load and t_compute."""
+    b200 = BackendSpec(model=LLAMA_70B, hardware=CATALOG.hw("b200"), tensor_parallel=2)
+    new = 1_000
+    for hbm in (0, 8_000, 40_000):
+        lo, hi = 0.0, 1_000.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            est = predict(RequestShape(hbm, mid * new, new, 1), b200)
+            lo, hi = (lo, mid) if est.t_load_s > est.t_compute_s else (mid, hi)
+        crit = predict(RequestShape(hbm, 0, new, 1), b200).kappa_crit
+        assert crit == pytest.approx(lo, rel=1e-6)
+        assert crit == pytest.approx(kappa.kappa_crit(LLAMA_70B, b200.kappa_hw, uncached_prompt_tokens=new,
+                                                      cached_hbm_tokens=hbm))
+    assert predict(RequestShape(40_000, 0, new, 1), b200).kappa_crit > 1.5 * predict(RequestShape(0, 0, new, 1), b200).kappa_crit

@@ -19,7 +19,7 @@ FAST_LINK = SimBackend("link", "m", BackendSpec(model=CATALOG.model("llama-3.1-7
 
 def record(i: int, backend: str, ttft: float, e2e: float, prompt: int, cached: int, kappa_ratio: float,
            regime: str = "compute") -> RequestRecord:
-    r = RequestRecord(i, float(i), backend, 10, kappa_ratio, 6.4, regime, ttft)
+    r = RequestRecord(i, float(i), backend, 10, kappa_ratio, kappa_ratio / 2, 6.4, regime, ttft)
     r.first_token_s, r.finish_s = i + ttft, i + e2e
     r.prompt_tokens, r.cached_tokens, r.cached_host_tokens = prompt, cached, cached // 2
     return r
@@ -44,6 +44,9 @@ def test_report_on_a_hand_made_run() -> None:
     dense, link = report["backends"]
     assert report["high_kappa_threshold"] == pytest.approx(DENSE.spec.kappa_crit_linear)
     assert (dense["requests"], link["requests"]) == (2, 2)
+    # each backend's transfer share is its own regime count (record 2 on link), not a κ threshold
+    assert (dense["transfer_share"], link["transfer_share"]) == (0.0, 0.5)
+    assert dense["kappa_crit_linear"] == pytest.approx(DENSE.spec.kappa_crit_linear) and "kappa_crit" not in dense
     # only κ_ratio 19 > 6.4: half of link's requests, all of the run's high-κ ones
     assert (dense["high_kappa_share"], link["high_kappa_share"]) == (0.0, 0.5)
     assert (dense["high_kappa_of_all"], link["high_kappa_of_all"]) == (0.0, 1.0)
