@@ -22,6 +22,7 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 | ``gateway_index_errors_total`` | counter | op |
 | ``gateway_index_seconds`` | histogram | op |
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
+| ``gateway_load_only_requests_total`` | counter | reason = nesting_too_deep (body relayed without prefix hashes) |
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ class Telemetry:
                                        buckets=DECISION_BUCKETS, registry=r)
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
                                      ["model"], registry=r)
+        self.load_only_requests = Counter("gateway_load_only_requests", "Requests relayed with load-only routing: "
+                                          "a well-formed body the prefix index cannot canonicalise, by reason.",
+                                          ["reason"], registry=r)
 
         self._backends: dict[str, BackendSeries] = {}
         self._outcomes: dict[tuple[str, str, str, str, str], object] = {}

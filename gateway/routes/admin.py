@@ -86,7 +86,9 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     """Explain the decision for a chat or completions body without sending it.
 
     ``kappa_crit`` is null where no K makes the request transfer-bound at its T (the
-    attention-aware κ_crit(T) is infinite there; `router.kappa.kappa_crit`)."""
+    attention-aware κ_crit(T) is infinite there; `router.kappa.kappa_crit`).
+    ``load_only_reason`` is null, or why the body would be routed on load alone, without
+    prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``)."""
     raw = await read_body(request, gw.settings.gateway.max_body_bytes)
     try:
         body = orjson.loads(raw)
@@ -100,7 +102,8 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
         raise BadRequest("The body needs 'messages' (chat) or 'prompt' (completions).")
     else:
         kind = "chat"  # parse() answers that the body must be a JSON object
-    plan = await gw.routing.plan(gw.routing.parse(kind, raw), dry_run=True)
+    parsed = gw.routing.parse(kind, raw)
+    plan = await gw.routing.plan(parsed, dry_run=True)
     rank = {c.backend_id: i for i, c in enumerate(plan.decision.ranked)}
     candidates = []
     for c in sorted(plan.decision.ranked, key=lambda c: rank[c.backend_id]):
@@ -120,6 +123,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     return {
         "model": f.model, "kind": kind, "policy": plan.decision.policy, "chosen": plan.decision.chosen.backend_id,
         "reason": plan.decision.reason, "index_available": plan.index_ok,
+        "load_only_reason": parsed.load_only_reason,
         "prompt_tokens_estimate": f.prompt_tokens, "prompt_blocks": f.prompt_blocks,
         "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "candidates": candidates,
     }
