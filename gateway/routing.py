@@ -8,7 +8,8 @@ clock. Index trouble degrades routing (no prefix match, a counter, one warning p
 outage), never the request.
 
 What is refused and what is relayed: a body that is not a JSON object orjson accepts
-(RFC 8259, nesting ≤ 1,024, numbers within a double, no lone surrogates, no NaN), or whose
+(RFC 8259, nesting ≤ 1,024, numbers within a double, no lone surrogates, no NaN; a leading
+UTF-8 BOM is ignored, as RFC 8259 §8.1 allows and Python's json, vLLM's parser, does), or whose
 ``model``, ``messages``/``prompt``, ``stream`` or ``max_tokens`` is missing or ill-typed,
 or whose messages or prompt have a shape no OpenAI server takes (a role that is not a
 string, a part that is not an object, a token id that is not an int, ...), gets a 400:
@@ -63,6 +64,19 @@ Kind = Literal["chat", "completion"]
 DEFAULT_MAX_TOKENS_ESTIMATE = 256
 # At most one "index unavailable" warning per this many seconds; gateway_index_errors_total counts every failure.
 INDEX_WARNING_INTERVAL_S = 60.0
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def load_body(raw: bytes) -> Any:
+    """The JSON value of a request body (orjson; a leading UTF-8 BOM ignored: module docstring).
+
+    Raises:
+        BadRequest: not JSON that orjson accepts; the message says why and where.
+    """
+    try:
+        return orjson.loads(raw[len(UTF8_BOM):] if raw.startswith(UTF8_BOM) else raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"Invalid JSON body: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +143,7 @@ class RoutingService:
                 stream or max_tokens of the wrong type.
             ModelNotFound: no backend serves the model.
         """
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"Invalid JSON body: {exc}") from None
+        body = load_body(raw)
         if not isinstance(body, dict):
             raise BadRequest("The request body must be a JSON object.")
         model = body.get("model")
@@ -150,8 +161,11 @@ class RoutingService:
         if model not in self.served_models:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         try:
-            data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
             seed = chain_seed(model, cache_salt(body))
+        except CanonicalizationError as exc:
+            raise BadRequest(str(exc), param="cache_salt") from None
+        try:
+            data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
         except NestingTooDeep as exc:  # well-formed, beyond the canonicaliser: relayed on load alone
             return ParsedRequest(model=model, hashes=[], prompt_bytes=len(raw), max_tokens=max_tokens, kind=kind,
                                  body=body, stream=bool(stream), load_only_reason=exc.reason)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import orjson
-
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
@@ -14,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.errors import BadRequest
 from gateway.proxy import read_body
 from gateway.routes.deps import State
+from gateway.routing import load_body
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.profiles import GB
@@ -90,10 +89,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     ``load_only_reason`` is null, or why the body would be routed on load alone, without
     prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``)."""
     raw = await read_body(request, gw.settings.gateway.max_body_bytes)
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"Invalid JSON body: {exc}") from None
+    body = load_body(raw)
     if isinstance(body, dict) and "messages" in body:
         kind = "chat"
     elif isinstance(body, dict) and "prompt" in body:

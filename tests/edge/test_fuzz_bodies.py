@@ -80,7 +80,7 @@ def test_no_body_gets_a_gateway_5xx_a_non_openai_error_or_a_dropped_connection(g
     statuses: Counter[int] = Counter()
 
     @FUZZ_SETTINGS
-    @given(body=request_bodies())
+    @given(body=request_bodies(route))
     def send(body: bytes) -> None:
         try:
             answer = conn.post(route, body)

@@ -1,15 +1,15 @@
 """Hypothesis strategies for request bodies that try to make the gateway fail (issue 16).
 
 Imports none of the project's packages (STYLE.md B2); the fuzz test
-(``tests/edge/test_fuzz_bodies.py``) and ``bench/fuzz.py`` draw from `request_bodies`, which
-mixes, by weight:
+(``tests/edge/test_fuzz_bodies.py``) and ``bench/fuzz.py`` draw from `request_bodies` (and
+`routed_bodies`, which draws the route too), which mixes, by weight:
 
-- **structured** (6/10): an OpenAI-like chat or completions body (roles, text and media
-  parts, tools, tool calls, template kwargs, stream options, cache salt, token-id prompts),
-  then 0–3 structural mutations (a key deleted, a value replaced by a weird scalar, random
-  JSON or a deep nest, a key added) and, one time in four, a mutation of its bytes
-  (duplicate keys, NaN/Infinity, a lone surrogate, a number past a double, invalid UTF-8, a
-  BOM, truncation, trailing garbage);
+- **structured** (6/10): an OpenAI-like chat or completions body, mostly of the route's kind
+  (roles, text and media parts, tools, tool calls, template kwargs, stream options, cache
+  salt, token-id prompts), then 0–3 structural mutations (a key deleted, a value replaced
+  by a weird scalar, random JSON or a deep nest, a key added) and, one time in four, a
+  mutation of its bytes (duplicate keys, NaN/Infinity, a lone surrogate, a number past a
+  double, invalid UTF-8, a BOM, truncation, trailing garbage);
 - **deep** (2/10): a valid body with a value nested 1–1,100 levels deep (lists or objects)
   in ``tools``, ``chat_template_kwargs``, a message's ``tool_calls``, a content part, the
   prompt, a sampling field, or the body itself — around the 1,000 levels where ``json.dumps``
@@ -207,8 +207,11 @@ def _mutate_bytes(raw: bytes, edit: str, cut: int) -> bytes:
 
 
 @st.composite
-def structured_bodies(draw: st.DrawFn) -> bytes:
-    body = draw(mutated(draw(st.one_of(chat_body(), completion_body()))))
+def structured_bodies(draw: st.DrawFn, route: str | None = None) -> bytes:
+    """A chat or completions body, mostly of the route's own kind (4 in 5), mutated."""
+    own = {"/v1/chat/completions": chat_body(), "/v1/completions": completion_body()}.get(route)
+    kinds = [own] * 4 + [chat_body(), completion_body()] if own is not None else [chat_body(), completion_body()]
+    body = draw(mutated(draw(st.one_of(*kinds))))
     raw = encode(body)
     if draw(st.integers(0, 3)) == 0:
         raw = _mutate_bytes(raw, draw(st.sampled_from(BYTE_MUTATIONS)), draw(st.integers(0, 10_000)))
@@ -247,6 +250,13 @@ def random_json_bodies(draw: st.DrawFn) -> bytes:
     return encode(value)
 
 
-def request_bodies() -> st.SearchStrategy[bytes]:
-    """Request bodies as bytes, mixed as the module docstring says."""
-    return st.one_of(*[structured_bodies()] * 6, *[deep_bodies()] * 2, random_json_bodies(), st.binary(max_size=256))
+def request_bodies(route: str | None = None) -> st.SearchStrategy[bytes]:
+    """Request bodies as bytes, mixed as the module docstring says; structured ones mostly of
+    ``route``'s kind (chat for ``/v1/chat/completions``, completions for ``/v1/completions``)."""
+    return st.one_of(*[structured_bodies(route)] * 6, *[deep_bodies()] * 2, random_json_bodies(),
+                     st.binary(max_size=256))
+
+
+def routed_bodies() -> st.SearchStrategy[tuple[str, bytes]]:
+    """(route, body) pairs over `ROUTES`, each body drawn by ``request_bodies(route)``."""
+    return st.sampled_from(ROUTES).flatmap(lambda route: st.tuples(st.just(route), request_bodies(route)))
