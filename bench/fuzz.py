@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "sent": sum(tally.status.values()), "status_counts": dict(sorted(tally.status.items())),
         "gateway_5xx": tally.gateway_5xx, "non_openai_error_bodies": tally.non_openai, "resets": tally.resets,
-        "final_ok": final_ok, "gateway_alive": gateway_alive, "relayed": tally.relayed, "relayed_5xx": tally.relayed_5xx,
+        "final_ok": final_ok, "gateway_alive": gateway_alive,
+        "relayed": tally.relayed, "relayed_5xx": tally.relayed_5xx,
         "load_only_requests": None if load_only_after is None else load_only_after - (load_only_before or 0.0),
         "by_route": {r: dict(sorted(c.items())) for r, c in tally.by_route.items()}, "problems": tally.problems,
         "config": {"seed": args.seed, "tree": str(args.tree), "backends": N_BACKENDS, "mock_time_scale": TIME_SCALE,

@@ -8,12 +8,12 @@ clock. Index trouble degrades routing (no prefix match, a counter, one warning p
 outage), never the request.
 
 What is refused and what is relayed: a body that is not a JSON object orjson accepts
-(RFC 8259, nesting ≤ 1,024, numbers within a double, no lone surrogates, no NaN; a leading
-UTF-8 BOM is ignored, as RFC 8259 §8.1 allows and Python's json, vLLM's parser, does), or whose
-``model``, ``messages``/``prompt``, ``stream`` or ``max_tokens`` is missing or ill-typed,
-or whose messages or prompt have a shape no OpenAI server takes (a role that is not a
-string, a part that is not an object, a token id that is not an int, ...), gets a 400:
-vLLM would refuse it too. A well-formed body the canonicaliser cannot represent
+(RFC 8259, nesting ≤ 1,024, numbers within a double, no lone surrogates, no NaN; a
+leading UTF-8 BOM is ignored, as RFC 8259 §8.1 allows and Python's json, vLLM's parser,
+does), or whose ``model``, ``messages``/``prompt``, ``stream``, ``max_tokens`` or
+``cache_salt`` is missing or ill-typed, or whose messages or prompt have a shape no OpenAI
+server takes (a role that is not a string, a part that is not an object, a token id that
+is not an int, ...), gets a 400: vLLM would refuse it too. A well-formed body the canonicaliser cannot represent
 (`prefix_index.NestingTooDeep`: ``tools``, ``chat_template_kwargs``, ``tool_calls`` or a
 media part nested ~1,000 levels deep) is not the client's error and may be what the
 backend accepts, so it is relayed with load-only routing — no prefix hashes, the body's
@@ -140,7 +140,7 @@ class RoutingService:
 
         Raises:
             BadRequest: not JSON, not an object, missing/ill-typed model, messages or prompt,
-                stream or max_tokens of the wrong type.
+                stream, max_tokens or cache_salt of the wrong type.
             ModelNotFound: no backend serves the model.
         """
         body = load_body(raw)

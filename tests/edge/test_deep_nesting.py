@@ -25,11 +25,12 @@ DEEP_LIST = "[" * LEVELS + "1" + "]" * LEVELS
 DEEP_OBJECT = '{"a":' * LEVELS + "{}" + "}" * LEVELS
 USER = '{"role": "user", "content": "hi"}'
 KINDS = {
-    "tools": f'"messages": [{USER}], "tools": [{{"type": "function", "function": {{"name": "f", "parameters": '
-             f"{DEEP_OBJECT}}}}}]",
+    "tools": f'"messages": [{USER}], "tools": [{{"type": "function", "function": '
+             f'{{"name": "f", "parameters": {DEEP_OBJECT}}}}}]',
     "chat_template_kwargs": f'"messages": [{USER}], "chat_template_kwargs": {{"k": {DEEP_LIST}}}',
     "tool_calls": f'"messages": [{{"role": "assistant", "content": null, "tool_calls": {DEEP_LIST}}}, {USER}]',
-    "content_part": f'"messages": [{{"role": "user", "content": [{{"type": "image_url", "image_url": {DEEP_OBJECT}}}]}}]',
+    "content_part": f'"messages": [{{"role": "user", "content": '
+                    f'[{{"type": "image_url", "image_url": {DEEP_OBJECT}}}]}}]',
 }
 VALID_CHAT = json.dumps({"model": MOCK_MODEL, "messages": [{"role": "user", "content": "next"}], "max_tokens": 1}).encode()
 

@@ -2,8 +2,9 @@
 
 A real gateway (``kappa-gateway serve``, memory index) in front of two real mock vLLM
 backends (``kappa-gateway mock-fleet``), each its own process on 127.0.0.1
-(`tests.edge.processes` says why not threads); hypothesis draws request bodies (`tests.support.fuzz_bodies`: mutated OpenAI
-bodies, deep nesting, random JSON, random bytes) and each of the three POST routes gets
+(`tests.edge.processes` says why not threads); hypothesis draws request bodies
+(`tests.support.fuzz_bodies`: mutated OpenAI bodies, deep nesting, random JSON, random
+bytes) and each of the three POST routes gets
 `EXAMPLES_PER_ROUTE` of them over ONE keep-alive connection (`tests.support.keepalive`:
 never silently reopened). Every answer must be:
 
@@ -41,9 +42,9 @@ EXAMPLES_PER_ROUTE = 700  # 3 routes: 2,100 bodies, ≥ 2,000 (issue 16)
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, derandomize=True, database=None,
                          suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate, Phase.shrink))
 VALID = {
-    "/v1/chat/completions": {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "still here?"}], "max_tokens": 2},
-    "/v1/completions": {"model": MOCK_MODEL, "prompt": "still here?", "max_tokens": 2},
-    "/v1/kappa/route": {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "still here?"}]},
+    "/v1/chat/completions": {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "ok?"}], "max_tokens": 2},
+    "/v1/completions": {"model": MOCK_MODEL, "prompt": "ok?", "max_tokens": 2},
+    "/v1/kappa/route": {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "ok?"}]},
 }
 
 
@@ -77,7 +78,7 @@ def problem(route: str, answer: Answer) -> str | None:
 @pytest.mark.parametrize("route", ROUTES)
 def test_no_body_gets_a_gateway_5xx_a_non_openai_error_or_a_dropped_connection(gateway_url: str, route: str) -> None:
     conn = OneConnection(gateway_url)
-    statuses: Counter[int] = Counter()
+    statuses: Counter[int] = Counter()  # of the fuzzed bodies' answers
 
     @FUZZ_SETTINGS
     @given(body=request_bodies(route))
@@ -90,12 +91,9 @@ def test_no_body_gets_a_gateway_5xx_a_non_openai_error_or_a_dropped_connection(g
         wrong = problem(route, answer)
         assert wrong is None, f"{wrong}: {answer.body[:300]!r} for the body {body[:300]!r}"
         statuses[answer.status] += 1
-        if body.count(b'[') > 500 or body.count(b'{"a":') > 500: print('DEEP', answer.status, max(body.count(b'['), body.count(b'{"a":')), answer.body[:80], body[:100])
-        statuses['len>5000'] += len(body) > 5000
 
     try:
         send()
-        print('STATUSES', route, statuses)
         assert sum(statuses.values()) >= EXAMPLES_PER_ROUTE, statuses
         # The fuzz reached past the gateway's validation: some bodies were relayed or explained.
         assert statuses[200] > 0 and statuses[400] > 0, statuses
