@@ -56,7 +56,7 @@ def gateway_process(workdir: Path, hardware: tuple[str, ...] = ("h100-sxm", "b20
                 for i, hw in enumerate(hardware)]
     config = workdir / "fleet.yaml"
     config.write_text(yaml.safe_dump({
-        "gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 0.2, "scrape_interval_s": 0.2,
+        "gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 0.5, "scrape_interval_s": 0.5,
                     "shutdown_drain_delay_s": 0, "graceful_shutdown_timeout_s": 1},
         "backends": backends}, sort_keys=False))
     url = f"http://127.0.0.1:{port}"
