@@ -5,7 +5,9 @@ The two proxy routes take a fast path (`GatewayApp.__call__`): a POST to
 past Starlette's and FastAPI's middleware stack (server-error, exception, body-limit and
 exit-stack layers, each wrapping ``send`` once more per message), which cost ~10% of the
 gateway's CPU per request at concurrency 32 (bench/overhead.py, py-spy). The fast path
-answers the same errors the handlers below do; everything else goes through FastAPI.
+answers the same errors the handlers below do; everything else goes through FastAPI,
+where `gateway.catch_all.CatchAll` answers what no handler did (an OpenAI-shaped 500 that
+keeps the connection open, not Starlette's plain-text one that closes it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from fleet_config.catalog import default_catalog
+from gateway.catch_all import CatchAll
 from gateway.errors import GatewayError, error_body
 from gateway.lifespan import open_gateway
 from gateway.answers import error_response
@@ -72,6 +75,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
     app.include_router(openai.router)
     app.include_router(admin.router)
     app.include_router(admin.kappa_router)
+    app.add_middleware(CatchAll, answer=error_response)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

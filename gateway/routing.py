@@ -6,6 +6,20 @@ and hashed (`prefix_index`). Steps 3–4 and the bookkeeping are `dispatch.Dispa
 code the simulator runs too; this module gives it the gateway's backends, telemetry and
 clock. Index trouble degrades routing (no prefix match, a counter, one warning per
 outage), never the request.
+
+What is refused and what is relayed: a body that is not a JSON object orjson accepts
+(RFC 8259, nesting ≤ 1,024, numbers within a double, no lone surrogates, no NaN; a
+leading UTF-8 BOM is ignored, as RFC 8259 §8.1 allows and Python's json, vLLM's parser,
+does), or whose ``model``, ``messages``/``prompt``, ``stream``, ``max_tokens`` or
+``cache_salt`` is missing or ill-typed, or whose messages or prompt have a shape no OpenAI
+server takes (a role that is not a string, a part that is not an object, a token id that
+is not an int, ...), gets a 400: vLLM would refuse it too. A well-formed body the canonicaliser cannot represent
+(`prefix_index.NestingTooDeep`: ``tools``, ``chat_template_kwargs``, ``tool_calls`` or a
+media part nested ~1,000 levels deep) is not the client's error and may be what the
+backend accepts, so it is relayed with load-only routing — no prefix hashes, the body's
+length standing in for its prompt's, no bytes-per-token sample — and counted in
+``gateway_load_only_requests_total{reason}``: a trusted proxy does not refuse what its
+upstream might take.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from gateway.index_truth import IndexTruth
 from gateway.telemetry import Telemetry
 from prefix_index import (
     CanonicalizationError,
+    NestingTooDeep,
     PrefixIndex,
     PrefixIndexError,
     block_hashes,
@@ -50,15 +65,33 @@ Kind = Literal["chat", "completion"]
 DEFAULT_MAX_TOKENS_ESTIMATE = 256
 # At most one "index unavailable" warning per this many seconds; gateway_index_errors_total counts every failure.
 INDEX_WARNING_INTERVAL_S = 60.0
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def load_body(raw: bytes) -> Any:
+    """The JSON value of a request body (orjson; a leading UTF-8 BOM ignored: module docstring).
+
+    Raises:
+        BadRequest: not JSON that orjson accepts; the message says why and where.
+    """
+    try:
+        return orjson.loads(raw[len(UTF8_BOM):] if raw.startswith(UTF8_BOM) else raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"Invalid JSON body: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest(RoutableRequest):
     """What routing derived from a validated body (model, hashes, sizes). The parsed body
-    itself is not kept: it is as large as the body, and the raw bytes are what goes upstream."""
+    itself is not kept: it is as large as the body, and the raw bytes are what goes upstream.
+
+    ``load_only_reason``: why the body has no prefix hashes and is routed on load alone
+    (``NestingTooDeep.reason``), or None for a body canonicalised and hashed as usual.
+    """
 
     kind: Kind
     stream: bool
+    load_only_reason: str | None = None
 
 
 RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
@@ -96,21 +129,23 @@ class RoutingService:
         self._errors_since_warning = 0
         self._recovery_owed = False
         self._decision_seconds = telemetry.decision_seconds.labels(policy.name)
+        self._load_only = {NestingTooDeep.reason: telemetry.load_only_requests.labels(NestingTooDeep.reason)}
         self._index_seconds = {op: telemetry.index_seconds.labels(op) for op in ("match", "record", "forget")}
 
     # -- parsing -------------------------------------------------------------------------
     def parse(self, kind: Kind, raw: bytes) -> ParsedRequest:
         """Validate a body enough to route it.
 
+        Returns:
+            The parsed request; for a body too deeply nested to canonicalise, one with no
+            hashes and ``load_only_reason`` set (module docstring).
+
         Raises:
             BadRequest: not JSON, not an object, missing/ill-typed model, messages or prompt,
-                stream or max_tokens of the wrong type.
+                stream, max_tokens or cache_salt of the wrong type.
             ModelNotFound: no backend serves the model.
         """
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"Invalid JSON body: {exc}") from None
+        body = load_body(raw)
         if not isinstance(body, dict):
             raise BadRequest("The request body must be a JSON object.")
         model = body.get("model")
@@ -128,8 +163,14 @@ class RoutingService:
         if model not in self.served_models:
             raise ModelNotFound(f"The model `{excerpt(model)}` does not exist.", param="model")
         try:
-            data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
             seed = chain_seed(model, cache_salt(body))
+        except CanonicalizationError as exc:
+            raise BadRequest(str(exc), param="cache_salt") from None
+        try:
+            data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
+        except NestingTooDeep as exc:  # well-formed, beyond the canonicaliser: relayed on load alone
+            return ParsedRequest(model=model, hashes=[], prompt_bytes=len(raw), max_tokens=max_tokens, kind=kind,
+                                 body=body, stream=bool(stream), load_only_reason=exc.reason)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
@@ -152,12 +193,17 @@ class RoutingService:
     async def plan(self, parsed: ParsedRequest, *, dry_run: bool = False) -> RoutePlan:
         """Rank the healthy backends serving the request's model (`dispatch.Dispatcher.plan`).
 
+        A load-only request (``parsed.load_only_reason``) is counted in
+        ``gateway_load_only_requests_total`` unless ``dry_run``.
+
         Raises:
             NoHealthyBackend: no healthy backend serves the model.
         """
         targets = self.backends.eligible(parsed.model)
         if not targets:
             raise NoHealthyBackend(f"No healthy backend is serving `{parsed.model}` right now.")
+        if parsed.load_only_reason is not None and not dry_run:
+            self._load_only[parsed.load_only_reason].inc()
         return await self.dispatcher.plan(parsed, targets, dry_run=dry_run)
 
     def charge(self, plan: RoutePlan, candidate: Candidate) -> Ticket:
@@ -187,8 +233,9 @@ class RoutingService:
         prompt_tokens = usage.get("prompt_tokens")
         if not isinstance(prompt_tokens, int):
             return ()
-        model = plan.request.model
-        if self.dispatcher.observe_prompt_tokens(model, plan.request.prompt_bytes, prompt_tokens):
+        model, request = plan.request.model, plan.request
+        hashed = not isinstance(request, ParsedRequest) or request.load_only_reason is None
+        if hashed and self.dispatcher.observe_prompt_tokens(model, request.prompt_bytes, prompt_tokens):
             self.telemetry.bytes_per_token.labels(model).set(self.dispatcher.calibration.get(model))
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None

@@ -30,6 +30,7 @@ is in its ``x-kappa-crit`` header, not a metric; its regime labels ``gateway_req
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
 | ``gateway_peer_replicas`` | gauge | (replicas seen at the last load exchange, `gateway.peers`) |
 | ``gateway_peer_sync_errors_total`` | counter | |
+| ``gateway_load_only_requests_total`` | counter | reason = nesting_too_deep (body relayed without prefix hashes) |
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ class Telemetry:
         self.peer_sync_errors = Counter("gateway_peer_sync_errors", "Load exchanges with the other replicas "
                                         "that failed (Redis trouble).", registry=r)
         self.peer_replicas.set(1)
+        self.load_only_requests = Counter("gateway_load_only_requests", "Requests relayed with load-only routing: "
+                                          "a well-formed body the prefix index cannot canonicalise, by reason.",
+                                          ["reason"], registry=r)
 
         self._backends: dict[str, BackendSeries] = {}
         self._outcomes: dict[tuple[str, str, str, str, str], object] = {}

@@ -12,6 +12,11 @@ Routes (REFERENCE.md §3; wire format in `mock_vllm.openai_api`):
   an error body when requests are running and the engine refused (vLLM logs a warning and
   keeps its cache in that case), so a caller knows to retry when idle.
 
+Every error is vLLM's body ``{"error": {"message", "type", "param", "code"}}``: validation
+errors, a body FastAPI cannot parse (vLLM's ``http_exception_handler``), and a chat that the
+template cannot render, e.g. tools nested past Python's recursion limit (400, as vLLM's chat
+serving answers a failed render).
+
 ``X-Request-Id`` is echoed on every response that came with one, and a streamed or
 returned ``id`` is ``chatcmpl-<X-Request-Id>`` / ``cmpl-<X-Request-Id>`` (random hex
 without the header), as vLLM does.
@@ -31,6 +36,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mock_vllm import tokenizer
@@ -89,7 +95,10 @@ routes = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, request: Request, server: ServerDep) -> Response:
     server.check_model(body.model)
     body.check_n()
-    prompt = tokenizer.apply_chat_template(body.message_dicts(), body.tools)
+    try:
+        prompt = tokenizer.apply_chat_template(body.message_dicts(), body.tools)
+    except (ValueError, TypeError, RuntimeError) as exc:  # vLLM answers a failed template render 400
+        raise ApiError(400, f"The chat template could not be rendered: {exc.__class__.__name__}: {exc}") from exc
     return await _generate(server, request, body, tokenizer.encode(prompt), chat=True)
 
 
@@ -199,6 +208,14 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     return await _api_error(request, validation_error(exc))
 
 
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (a body FastAPI could not parse, 404, 405) in vLLM's error body, as
+    vLLM's ``http_exception_handler`` answers them, rather than FastAPI's ``{"detail": ...}``."""
+    assert isinstance(exc, StarletteHTTPException)
+    return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                        headers=exc.headers)
+
+
 def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float = 1.0,
                registry: CollectorRegistry | None = None) -> FastAPI:
     """A new mock vLLM server app over ``engine``.
@@ -234,5 +251,6 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
     app.include_router(routes)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(EchoRequestId)
     return app

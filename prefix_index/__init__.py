@@ -25,7 +25,7 @@ from prefix_index.canonical import (
     completion_canonical_bytes,
     completion_prompts,
 )
-from prefix_index.errors import CanonicalizationError, IndexUnavailable, PrefixIndexError
+from prefix_index.errors import CanonicalizationError, IndexUnavailable, NestingTooDeep, PrefixIndexError
 from prefix_index.hashing import (
     BYTES_PER_TOKEN_ESTIMATE,
     DEFAULT_BLOCK_SIZE_TOKENS,
@@ -47,6 +47,7 @@ __all__ = [
     "IndexUnavailable",
     "MemoryPrefixIndex",
     "NO_MATCH",
+    "NestingTooDeep",
     "KV_POOL_ID",
     "PendingChains",
     "PrefixIndex",

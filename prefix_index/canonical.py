@@ -29,6 +29,11 @@ is the same as a single ``{"type": "text"}`` part. Non-text parts are represente
 xxh3-128 hex digest of their URL or data, never by the data itself. Lone surrogates (which
 JSON permits) are encoded with ``surrogatepass``, so encoding never fails.
 
+Every failure is a `CanonicalizationError`: a malformed body (a field of the wrong type)
+raises it directly; a well-formed value nested deeper than ``json.dumps`` can recurse
+(Python's recursion limit, ~1,000 levels) raises its subclass `NestingTooDeep`, which
+callers treat as "no prefix hashes for this body", not as the client's error.
+
 Completions: a string prompt is its escaped text; a token-id prompt is
 ``GS "tok:" id "," id "," ...`` (the leading GS cannot occur in escaped text, and the
 trailing comma keeps ``[3]`` from being a byte prefix of ``[34]``).
@@ -42,7 +47,7 @@ from typing import Any
 
 import xxhash
 
-from prefix_index.errors import CanonicalizationError
+from prefix_index.errors import CanonicalizationError, NestingTooDeep
 
 __all__ = [
     "cache_salt",
@@ -95,6 +100,8 @@ def chat_canonical_bytes(body: Mapping[str, Any]) -> bytes:
             is not a string, list of parts or null, a part has no string ``type``, or a
             field holds a value of the wrong type. The message names the field, e.g.
             ``messages[1].content[0].text``.
+        NestingTooDeep: ``tools``, a template field, a message's ``tool_calls`` or a media
+            part is nested too deeply to encode (a `CanonicalizationError` too).
     """
     body = _as_mapping(body, "request body")
     out: list[str] = []
@@ -276,7 +283,11 @@ def _token_prompt(ids: list[Any], where: str) -> bytes:
     if min(ids) < 0:
         bad = next(i for i, t in enumerate(ids) if t < 0)
         raise CanonicalizationError(f"{where}[{bad}] must be a non-negative token id, got {ids[bad]}")
-    return (_TOKEN_PROMPT_MARK + ",".join(map(str, ids)) + ",").encode("ascii")
+    try:
+        digits = ",".join(map(str, ids))
+    except ValueError:  # past sys.get_int_max_str_digits() (4,300): no JSON parser's int gets here
+        raise CanonicalizationError(f"{where} holds a token id too large to write out") from None
+    return (_TOKEN_PROMPT_MARK + digits + ",").encode("ascii")
 
 
 def _escape(text: str) -> str:
@@ -294,6 +305,8 @@ def _encode(text: str) -> bytes:
 def _canonical_json(value: object, where: str) -> str:
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:  # the encoder's depth, not the body, is at fault (NestingTooDeep)
+        raise NestingTooDeep(f"{where} is nested too deeply to encode as canonical JSON") from None
     except (TypeError, ValueError) as exc:
         raise CanonicalizationError(f"{where} is not JSON-serialisable: {exc}") from exc
 

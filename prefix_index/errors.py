@@ -6,7 +6,9 @@ package as a whole or one failure precisely (shape of ``httpx/_exceptions.py``):
     PrefixIndexError
      ├── IndexUnavailable          backend store unreachable, slow or failing
      └── CanonicalizationError     request body cannot be turned into canonical bytes
-                                   (also a ``ValueError``)
+         │                         (also a ``ValueError``): the body is malformed
+         └── NestingTooDeep        a well-formed body nested beyond what the encoder
+                                   can walk: the canonicaliser's limit, not the body's fault
 
 Foreign exceptions are translated once, at the seam: ``redis.exceptions.*`` and
 timeouts become :class:`IndexUnavailable` in ``redis_index.py`` only, raised
@@ -15,7 +17,7 @@ timeouts become :class:`IndexUnavailable` in ``redis_index.py`` only, raised
 
 from __future__ import annotations
 
-__all__ = ["CanonicalizationError", "IndexUnavailable", "PrefixIndexError"]
+__all__ = ["CanonicalizationError", "IndexUnavailable", "NestingTooDeep", "PrefixIndexError"]
 
 
 class PrefixIndexError(Exception):
@@ -38,3 +40,19 @@ class CanonicalizationError(PrefixIndexError, ValueError):
     string nor a list of parts, or a token id that is not a non-negative int. The
     message names the offending field (``messages[2].content``).
     """
+
+
+class NestingTooDeep(CanonicalizationError):
+    """A value to encode as canonical JSON is nested deeper than the encoder can go.
+
+    ``json.dumps`` recurses once per level of nesting and stops at Python's recursion
+    limit (``sys.getrecursionlimit()``, 1,000 by default, less the caller's own stack), so
+    ``tools``, ``chat_template_kwargs``, a message's ``tool_calls`` or a media part nested
+    ~1,000 levels deep cannot be encoded, while a JSON parser such as orjson (limit 1,024)
+    accepts it. Such a body is well-formed: it is the canonicaliser that cannot represent
+    it, so a caller that can still send the request on routes it without prefix hashes
+    (the gateway: load-only routing, counted in ``gateway_load_only_requests_total``)
+    rather than refusing it. ``reason`` is the closed-set label of that counter.
+    """
+
+    reason = "nesting_too_deep"

@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import orjson
-
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
@@ -18,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.errors import BadRequest
 from gateway.body import read_body
 from gateway.routes.deps import State, get_state
+from gateway.routing import load_body
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.cost import BackendSpec, RequestShape, predict
@@ -133,7 +132,8 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     host tier + pool), ``kappa_crit`` (this request's κ_crit there: at its T and K_hbm, over
     the link its loads cross; null where no K makes it transfer-bound) and ``regime``
     (transfer iff kappa_ratio_loaded > kappa_crit); ``kappa_crit_linear`` is the backend's
-    T-independent figure, for comparison."""
+    T-independent figure, for comparison. ``load_only_reason`` is null, or why the body would be
+    routed on load alone, without prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``)."""
     slot = gw.admission.admit()
     try:
         raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
@@ -143,10 +143,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
 
 
 async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"Invalid JSON body: {exc}") from None
+    body = load_body(raw)
     if isinstance(body, dict) and "messages" in body:
         kind = "chat"
     elif isinstance(body, dict) and "prompt" in body:
@@ -155,7 +152,8 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
         raise BadRequest("The body needs 'messages' (chat) or 'prompt' (completions).")
     else:
         kind = "chat"  # parse() answers that the body must be a JSON object
-    plan = await gw.routing.plan(gw.routing.parse(kind, raw), dry_run=True)
+    parsed = gw.routing.parse(kind, raw)
+    plan = await gw.routing.plan(parsed, dry_run=True)
     rank = {c.backend_id: i for i, c in enumerate(plan.decision.ranked)}
     candidates = []
     for c in sorted(plan.decision.ranked, key=lambda c: rank[c.backend_id]):
@@ -177,6 +175,7 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
     return {
         "model": f.model, "kind": kind, "policy": plan.decision.policy, "chosen": plan.decision.chosen.backend_id,
         "reason": plan.decision.reason, "index_available": plan.index_ok,
+        "load_only_reason": parsed.load_only_reason,
         "prompt_tokens_estimate": f.prompt_tokens, "prompt_blocks": f.prompt_blocks,
         "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "candidates": candidates,
     }

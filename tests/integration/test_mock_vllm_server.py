@@ -244,6 +244,25 @@ def test_errors_have_vllm_shape(mock: Mock, path: str, body, status: int, needle
     assert needle in error["message"] or needle == error["param"], error
 
 
+def test_tools_nested_near_the_recursion_limit_are_a_400_in_vllm_shape(mock: Mock) -> None:
+    """Issue 16: past ~1,000 levels FastAPI cannot parse the body (vLLM answers its
+    ``http_exception_handler``'s error body), and a few levels short of that the body parses
+    but the chat template cannot render it (vLLM: 400); either way, never a 5xx or a bare
+    ``{"detail": ...}``. Which levels fall where depends on the stack, so all are tried."""
+    seen = set()
+    for levels in range(940, 1_001):
+        tools = "[" + '{"a":' * levels + "{}" + "}" * levels + "]"
+        content = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "x"}}], "max_tokens": 1, ' \
+                  f'"tools": {tools}}}'.encode()
+        resp = mock.http.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+        assert resp.status_code in (200, 400), (levels, resp.text[:200])
+        if resp.status_code == 400:
+            error = resp.json()["error"]
+            assert set(error) == ERROR_KEYS and error["code"] == 400 and error["type"] == "BadRequestError"
+        seen.add(resp.status_code)
+    assert seen == {200, 400}
+
+
 def test_openai_client_raises_typed_errors(mock: Mock) -> None:
     with pytest.raises(openai.BadRequestError, match="one choice per request"):
         chat(mock, "x", n=2)

@@ -40,3 +40,31 @@ async def test_a_bad_max_completion_tokens_is_named() -> None:
         with pytest.raises(BadRequest, match="'max_completion_tokens' must be a positive integer") as info:
             routing.parse("chat", orjson.dumps({**CHAT, "max_tokens": 5, "max_completion_tokens": 0}))
         assert info.value.param == "max_completion_tokens"
+
+
+# Valid JSON orjson parses (≤ 1,024 levels) nested past what json.dumps can encode: issue 16.
+DEEP_TOOLS = (b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "tools": ['
+              + b'{"a":' * 1_000 + b"{}" + b"}" * 1_000 + b"]}")
+LOAD_ONLY = "gateway_load_only_requests_total"
+
+
+async def test_a_body_nested_too_deep_to_hash_is_routed_on_load_alone() -> None:
+    async with routing_service(SETTINGS) as routing:
+        parsed = routing.parse("chat", DEEP_TOOLS)
+        assert (parsed.load_only_reason, parsed.hashes, parsed.prompt_bytes) == ("nesting_too_deep", [], len(DEEP_TOOLS))
+        registry = routing.telemetry.registry
+        await routing.plan(parsed, dry_run=True)  # the explain endpoint's: not counted
+        assert registry.get_sample_value(LOAD_ONLY, {"reason": "nesting_too_deep"}) == 0
+        plan = await routing.plan(parsed)
+        assert registry.get_sample_value(LOAD_ONLY, {"reason": "nesting_too_deep"}) == 1
+        assert all(c.cached_tokens == 0 for c in plan.decision.ranked)
+        # Its length is the body's, not canonical prompt bytes: no bytes-per-token sample.
+        routing.observe_usage(plan, plan.decision.chosen, {"prompt_tokens": len(DEEP_TOOLS) // 3})
+        assert routing.dispatcher.calibration.samples.get("llama-3.1-8b", 0) == 0
+
+
+async def test_a_malformed_body_is_still_refused() -> None:
+    async with routing_service(SETTINGS) as routing:
+        with pytest.raises(BadRequest, match=r"messages\[0\].role must be a string") as info:
+            routing.parse("chat", orjson.dumps({**CHAT, "messages": [{"role": 5, "content": "x"}]}))
+        assert info.value.param == "messages"

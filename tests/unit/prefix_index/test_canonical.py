@@ -10,6 +10,7 @@ import pytest
 
 from prefix_index import (
     CanonicalizationError,
+    NestingTooDeep,
     cache_salt,
     chat_canonical_bytes,
     completion_canonical_bytes,
@@ -299,6 +300,57 @@ def test_bad_cache_salt_is_rejected(body: Body, message: str) -> None:
 def test_canonicalization_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         chat_canonical_bytes({"messages": 3})
+
+
+# Nesting orjson parses (its limit is 1,024 levels) but json.dumps cannot encode (Python's
+# recursion limit, 1,000 frames): issue 16's RecursionError.
+TOO_DEEP_LEVELS = 1_000
+
+
+def deep_list(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def deep_object(levels: int) -> Any:
+    value: Any = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+NESTED_TOO_DEEP = [
+    pytest.param(chat(user("x"), tools=[{"type": "function", "function": {
+        "name": "f", "parameters": deep_object(TOO_DEEP_LEVELS)}}]), "tools", id="tools"),
+    pytest.param(chat(user("x"), chat_template_kwargs={"k": deep_list(TOO_DEEP_LEVELS)}), "chat_template_kwargs",
+                 id="chat-template-kwargs"),
+    pytest.param(chat({"role": "assistant", "content": None, "tool_calls": deep_list(TOO_DEEP_LEVELS)}, user("x")),
+                 "messages[0].tool_calls", id="tool-calls"),
+    pytest.param(chat(user([{"type": "image_url", "image_url": deep_object(TOO_DEEP_LEVELS)}])),
+                 "messages[0].content[0]", id="content-part"),
+]
+
+
+@pytest.mark.parametrize(("body", "where"), NESTED_TOO_DEEP)
+def test_nesting_past_the_encoder_raises_nesting_too_deep(body: Body, where: str) -> None:
+    with pytest.raises(NestingTooDeep, match=re.escape(f"{where} is nested too deeply")) as info:
+        chat_canonical_bytes(body)
+    assert isinstance(info.value, CanonicalizationError)
+    assert info.value.reason == "nesting_too_deep"
+
+
+def test_deep_but_encodable_nesting_is_canonicalised() -> None:
+    shallower = chat(user("x"), tools=[deep_list(100)])
+    deeper = chat(user("x"), tools=[deep_list(101)])
+    assert chat_canonical_bytes(shallower).startswith(b"\x1ctools=" + b"[" * 101 + b"1" + b"]" * 101)
+    assert chat_canonical_bytes(shallower) != chat_canonical_bytes(deeper)
+
+
+def test_a_token_id_too_long_to_write_out_is_a_canonicalization_error() -> None:
+    with pytest.raises(CanonicalizationError, match=re.escape("prompt holds a token id too large to write out")):
+        completion_prompts({"prompt": [1, 10**5000]})
 
 
 @pytest.mark.parametrize(
