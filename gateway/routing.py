@@ -170,7 +170,7 @@ class RoutingService:
             data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
         except NestingTooDeep as exc:  # well-formed, beyond the canonicaliser: relayed on load alone
             return ParsedRequest(model=model, hashes=[], prompt_bytes=len(raw), max_tokens=max_tokens, kind=kind,
-                                 body=body, stream=bool(stream), load_only_reason=exc.reason)
+                                 stream=bool(stream), load_only_reason=exc.reason)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
