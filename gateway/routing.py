@@ -27,6 +27,7 @@ from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend
 from gateway.telemetry import Telemetry
 from prefix_index import (
     CanonicalizationError,
+    IndexCircuitOpen,
     PrefixIndex,
     PrefixIndexError,
     block_hashes,
@@ -195,6 +196,9 @@ class RoutingService:
             self._recovered()
 
     def index_failed(self, op: str, exc: PrefixIndexError) -> None:
+        if isinstance(exc, IndexCircuitOpen):  # not sent: the breaker is open (its outage was counted and warned)
+            self.telemetry.index_skipped.labels(op).inc()
+            return
         self._degraded(op, exc)
 
     def _degraded(self, op: str, exc: Exception) -> None:

@@ -20,6 +20,8 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 | ``gateway_upstream_failures_total`` | counter | backend, kind = connect-failure\\|reset\\|5xx\\|timeout\\|idle-timeout\\|mid-stream |
 | ``gateway_outlier_ejections_total`` | counter | backend |
 | ``gateway_index_errors_total`` | counter | op |
+| ``gateway_index_skipped_total`` | counter | op (match\\|record\\|forget): not sent, the index's circuit breaker was open |
+| ``gateway_index_degraded`` | gauge | — (1 while the Redis index's circuit breaker is open or half-open, else 0) |
 | ``gateway_index_seconds`` | histogram | op |
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
 """
@@ -90,6 +92,10 @@ class Telemetry:
                                          "check while a request waited on them).", ["backend"], registry=r)
         self.index_errors = Counter("gateway_index_errors", "Prefix-index calls that failed or timed out.",
                                     ["op"], registry=r)
+        self.index_skipped = Counter("gateway_index_skipped", "Prefix-index calls skipped because its circuit "
+                                     "breaker was open (routed without prefix matches).", ["op"], registry=r)
+        self.index_degraded = Gauge("gateway_index_degraded", "1 while the prefix index's circuit breaker is open "
+                                    "or half-open (the index is skipped), else 0.", registry=r)
         self.index_seconds = Histogram("gateway_index_seconds", "Prefix-index call latency.", ["op"],
                                        buckets=DECISION_BUCKETS, registry=r)
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
