@@ -21,8 +21,9 @@ first, and they are never shed by the gateway itself; a record can time out whil
 behind a slow record batch (`redis_batch`), which says the store is busy, not down.
 While the breaker is not closed, ``record``, ``forget`` and ``stats`` are skipped too
 (``IndexCircuitOpen``). A skipped ``forget`` (a backend restarted during the outage) is
-owed: it runs before the next record once the breaker has closed, so the index does not
-keep the restarted backend's old entries.
+owed: it runs before the next record once the breaker has closed, and until it has run,
+matches report nothing cached on that backend (its cache is empty since the restart), so
+the index's old entries for it are never used.
 
 `CircuitBreaker` is pure (time comes in as ``now_s``) and table-tested without a loop;
 `BreakerIndex` wraps any ``PrefixIndex`` with one, on an injected clock. The simulator's
@@ -36,7 +37,7 @@ import enum
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from prefix_index.base import BlockMatch, IndexStats, PrefixIndex, TierCapacity
+from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, PrefixIndex, TierCapacity
 from prefix_index.errors import IndexCircuitOpen, IndexUnavailable
 
 __all__ = ["Admission", "BreakerIndex", "BreakerState", "CircuitBreaker", "DEFAULT_FAILURE_THRESHOLD",
@@ -159,7 +160,8 @@ class BreakerIndex:
 
     async def match(self, model: str, hashes: Sequence[int],
                     capacities: Mapping[str, TierCapacity]) -> dict[str, BlockMatch]:
-        """``index.match``, or ``IndexCircuitOpen`` at once while the breaker is open."""
+        """``index.match`` (no match on a backend whose forget is owed), or ``IndexCircuitOpen``
+        at once while the breaker is open."""
         if not hashes or not capacities:  # answered without the store: no evidence either way
             return await self.index.match(model, hashes, capacities)
         breaker = self.breaker
@@ -175,6 +177,8 @@ class BreakerIndex:
             breaker.abandoned(admission, self._clock())
             raise
         breaker.succeeded(admission, self._clock())
+        if self.owed_forgets:
+            return {b: NO_MATCH if b in self.owed_forgets else m for b, m in result.items()}
         return result
 
     async def record(self, model: str, backend_id: str, hashes: Sequence[int], capacity: TierCapacity) -> None:
