@@ -7,21 +7,22 @@ socket (the reply) and runs the expired timer, and the timer cancels the task wh
 just arrived. The index then counts an error that Redis did not make (issue 16: index
 timeouts fired under plain CPU load).
 
-:class:`Deadline` enforces a budget only once the loop has been responsive past it:
+:class:`Deadline` enforces a budget only once the loop has been responsive past it. Each
+time its timer fires:
 
-1. at ``budget_s`` after entry the deadline does not cancel yet: it re-arms for a grace of
-   ``grace_s`` (``GRACE_RATIO`` × budget by default), so that a reply the loop has already
-   read, or reads in its next pass, completes the call;
-2. when the grace timer fires, the deadline expires if the timer ran on time (within
-   ``grace_s`` of when it was due: the loop was free, and still no answer), and re-arms
-   for another grace if it ran late (the loop was busy again, and the answer may be
-   sitting unread);
-3. from ``CAP_RATIO`` × budget on, a late grace timer no longer re-arms: a frozen store
-   behind a loop that stays busy still fails, at most one loop stall after the cap.
+1. if the timer ran late by more than ``grace_s`` (``GRACE_RATIO`` × budget by default),
+   the loop was stalled: the request may have gone out late, or its answer may be sitting
+   unread, so the operation gets its whole ``budget_s`` again, from now;
+2. otherwise (the loop was free), the first such on-time expiry re-arms once for
+   ``grace_s``, so that an answer the loop has read, or reads in its next pass, completes
+   the call; the next on-time expiry cancels it;
+3. from ``CAP_RATIO`` × budget after entry on, a late timer no longer buys a new budget
+   (except on its first firing): a frozen store behind a loop that stays busy still fails,
+   about one budget and a stall after the cap.
 
 So a store that does not answer costs ``budget_s + grace_s`` on an idle loop (55 ms for
-the index's 50 ms), and a stall of the loop shorter than the cap is never counted against
-the store. The ordering it relies on is CPython's ``BaseEventLoop._run_once``: one pass
+the index's 50 ms), and a stall of the loop is not counted against the store: after it,
+the store has a whole budget to answer. The ordering it relies on is CPython's ``BaseEventLoop._run_once``: one pass
 polls the selector, queues the I/O callbacks, then queues the expired timers, and runs
 them in that order; a task woken by the I/O runs in the following pass.
 
@@ -39,7 +40,7 @@ __all__ = ["CAP_RATIO", "GRACE_RATIO", "Deadline"]
 # Grace after the budget, as a share of it: 5 ms for the index's 50 ms, far above the
 # ~0.1 ms a pass of an unloaded loop takes, far below the budget.
 GRACE_RATIO = 0.1
-# Past this many budgets a late timer no longer buys more grace (200 ms for 50 ms).
+# Past this many budgets a late timer no longer buys a new budget (200 ms for 50 ms).
 CAP_RATIO = 4.0
 
 
@@ -57,7 +58,7 @@ class Deadline:
             ``asyncio.timeout`` raises it.
     """
 
-    __slots__ = ("_budget_s", "_grace_s", "_timeout", "_loop", "_start", "_due", "_graced", "_handle")
+    __slots__ = ("_budget_s", "_grace_s", "_timeout", "_loop", "_start", "_due", "_first", "_graced", "_handle")
 
     def __init__(self, budget_s: float, grace_s: float | None = None) -> None:
         if not math.isfinite(budget_s) or budget_s <= 0:
@@ -68,7 +69,7 @@ class Deadline:
         self._budget_s, self._grace_s = budget_s, grace
         self._timeout = asyncio.timeout(None)
         self._handle: asyncio.TimerHandle | None = None
-        self._graced = False
+        self._first, self._graced = True, False
 
     async def __aenter__(self) -> Deadline:
         await self._timeout.__aenter__()
@@ -87,10 +88,16 @@ class Deadline:
 
     def _check(self) -> None:
         now = self._loop.time()
-        late_s = now - self._due
-        if not self._graced or (late_s > self._grace_s and now - self._start < CAP_RATIO * self._budget_s):
-            self._graced = True
-            self._due = now + self._grace_s
+        stalled = now - self._due > self._grace_s
+        if stalled and (self._first or now - self._start < CAP_RATIO * self._budget_s):
+            rearm_s = self._budget_s  # the loop was stalled: a whole budget from now
+        elif not self._graced:
+            self._graced, rearm_s = True, self._grace_s  # an answer read but not yet delivered
+        else:
+            rearm_s = None
+        self._first = False
+        if rearm_s is not None:
+            self._due = now + rearm_s
             self._handle = self._loop.call_at(self._due, self._check)
             return
         self._handle = None

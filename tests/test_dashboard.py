@@ -171,7 +171,7 @@ def gateway_series() -> dict[str, set[str]]:
     """Sample name -> label names, of every metric `gateway.telemetry.Telemetry` registers."""
     telemetry = Telemetry(CollectorRegistry())
     for metric in vars(telemetry).values():
-        if isinstance(metric, MetricWrapperBase):
+        if isinstance(metric, MetricWrapperBase) and metric._labelnames:
             # A labelled metric exposes samples only once a child exists; _labelnames is prometheus_client's.
             metric.labels(*("probe" for _ in metric._labelnames))
     return {s.name: set(s.labels) for family in telemetry.registry.collect() for s in family.samples}

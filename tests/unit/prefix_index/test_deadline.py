@@ -45,6 +45,16 @@ async def test_an_answer_that_came_during_a_stall_is_not_a_timeout() -> None:
     assert timed_out
 
 
+async def test_a_stall_before_the_request_went_out_leaves_the_store_a_whole_budget() -> None:
+    # The loop is held past the budget before the request is even sent; the store then
+    # answers 60% of a budget after the stall (a loaded machine's round trip).
+    stall_s = 2.5 * BUDGET_S
+    timed_out, _ = await wait_with(Deadline, answer_after_s=stall_s + 0.6 * BUDGET_S, stall_s=stall_s)
+    assert not timed_out
+    timed_out, _ = await wait_with(Deadline, answer_after_s=stall_s + 3 * BUDGET_S, stall_s=stall_s)
+    assert timed_out  # a whole budget, not more
+
+
 async def test_a_stall_longer_than_the_cap_still_is_not_a_timeout() -> None:
     timed_out, _ = await wait_with(Deadline, answer_after_s=0.001, stall_s=(CAP_RATIO + 1) * BUDGET_S)
     assert not timed_out
@@ -78,7 +88,7 @@ async def test_a_silent_store_behind_a_loop_that_stays_busy_times_out_by_the_cap
     finally:
         busy = False
     assert timed_out
-    assert elapsed < BUDGET_S * CAP_RATIO + 0.05  # the cap plus a stall or two
+    assert elapsed < BUDGET_S * (CAP_RATIO + 1) + 0.05  # the cap, a budget and a stall or two
 
 
 def test_bad_budgets_are_refused() -> None:
