@@ -7,24 +7,20 @@ socket (the reply) and runs the expired timer, and the timer cancels the task wh
 just arrived. The index then counts an error that Redis did not make (issue 16: index
 timeouts fired under plain CPU load).
 
-:class:`Deadline` enforces a budget only once the loop has been responsive past it. Each
-time its timer fires:
+:class:`Deadline` cancels only after a pass of the loop that comes after the budget: when
+its timer first fires, however late, it re-arms once for a grace of ``grace_s``
+(``GRACE_RATIO`` × budget by default), and cancels when that grace timer fires. The loop
+runs in passes (CPython's ``BaseEventLoop._run_once``): one pass polls the selector,
+queues the I/O callbacks, then queues the expired timers, and runs them in that order; a
+task woken by that I/O runs early in the next pass, before any timer that expires later.
+So an answer that came in while the loop was stalled, which the stalled timer would
+have beaten, is read in the pass that runs the first timer and delivered in the next:
+the call completes, and the grace timer is cancelled with the deadline.
 
-1. if the timer ran late by more than ``grace_s`` (``GRACE_RATIO`` × budget by default),
-   the loop was stalled: the request may have gone out late, or its answer may be sitting
-   unread, so the operation gets its whole ``budget_s`` again, from now;
-2. otherwise (the loop was free), the first such on-time expiry re-arms once for
-   ``grace_s``, so that an answer the loop has read, or reads in its next pass, completes
-   the call; the next on-time expiry cancels it;
-3. from ``CAP_RATIO`` × budget after entry on, a late timer no longer buys a new budget
-   (except on its first firing): a frozen store behind a loop that stays busy still fails,
-   about one budget and a stall after the cap.
-
-So a store that does not answer costs ``budget_s + grace_s`` on an idle loop (55 ms for
-the index's 50 ms), and a stall of the loop is not counted against the store: after it,
-the store has a whole budget to answer. The ordering it relies on is CPython's ``BaseEventLoop._run_once``: one pass
-polls the selector, queues the I/O callbacks, then queues the expired timers, and runs
-them in that order; a task woken by the I/O runs in the following pass.
+A store that does not answer costs ``budget_s + grace_s`` (55 ms for the index's 50 ms),
+plus whatever the loop itself lags. What this deadline cannot tell is a request that a
+stall kept from being *sent*: time it from the send (as ``redis_batch`` times a batch),
+and give a caller that queues work before the send a longer deadline of its own.
 
 Stdlib only (``asyncio.Timeout`` does the cancelling and raises the ``TimeoutError``).
 """
@@ -35,13 +31,11 @@ import asyncio
 import math
 from types import TracebackType
 
-__all__ = ["CAP_RATIO", "GRACE_RATIO", "Deadline"]
+__all__ = ["GRACE_RATIO", "Deadline"]
 
 # Grace after the budget, as a share of it: 5 ms for the index's 50 ms, far above the
 # ~0.1 ms a pass of an unloaded loop takes, far below the budget.
 GRACE_RATIO = 0.1
-# Past this many budgets a late timer no longer buys a new budget (200 ms for 50 ms).
-CAP_RATIO = 4.0
 
 
 class Deadline:
@@ -58,7 +52,7 @@ class Deadline:
             ``asyncio.timeout`` raises it.
     """
 
-    __slots__ = ("_budget_s", "_grace_s", "_timeout", "_loop", "_start", "_due", "_first", "_graced", "_handle")
+    __slots__ = ("_budget_s", "_grace_s", "_timeout", "_loop", "_graced", "_handle")
 
     def __init__(self, budget_s: float, grace_s: float | None = None) -> None:
         if not math.isfinite(budget_s) or budget_s <= 0:
@@ -69,14 +63,12 @@ class Deadline:
         self._budget_s, self._grace_s = budget_s, grace
         self._timeout = asyncio.timeout(None)
         self._handle: asyncio.TimerHandle | None = None
-        self._first, self._graced = True, False
+        self._graced = False
 
     async def __aenter__(self) -> Deadline:
         await self._timeout.__aenter__()
         self._loop = asyncio.get_running_loop()
-        self._start = self._loop.time()
-        self._due = self._start + self._budget_s
-        self._handle = self._loop.call_at(self._due, self._check)
+        self._handle = self._loop.call_at(self._loop.time() + self._budget_s, self._check)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -88,17 +80,9 @@ class Deadline:
 
     def _check(self) -> None:
         now = self._loop.time()
-        stalled = now - self._due > self._grace_s
-        if stalled and (self._first or now - self._start < CAP_RATIO * self._budget_s):
-            rearm_s = self._budget_s  # the loop was stalled: a whole budget from now
-        elif not self._graced:
-            self._graced, rearm_s = True, self._grace_s  # an answer read but not yet delivered
-        else:
-            rearm_s = None
-        self._first = False
-        if rearm_s is not None:
-            self._due = now + rearm_s
-            self._handle = self._loop.call_at(self._due, self._check)
+        if not self._graced:  # an answer may have been read in this pass: let the next one deliver it
+            self._graced = True
+            self._handle = self._loop.call_at(now + self._grace_s, self._check)
             return
         self._handle = None
         self._timeout.reschedule(now)  # asyncio.Timeout cancels the body (next pass) and raises TimeoutError

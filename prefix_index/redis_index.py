@@ -24,10 +24,14 @@ a record created a blocks key (or its entry is due for a refresh). A lone call i
 of one, sent in the same turn. Hashes travel as packed ARGV strings, sliced in Lua only
 where probed.
 
-Deadlines are `deadline.Deadline`s: they time Redis, not the gateway's event loop, so a
-CPU-bound stall of the loop while Redis's answer waits in the socket is not a timeout. The
-client's own socket timeout is only a backstop, ``SOCKET_TIMEOUT_RATIO`` × ``timeout_s``
-(1 s), far past the deadline's cap, so it never fires first on a stalled loop either.
+Deadlines time Redis, not the gateway's event loop (issue 16). A batch's deadline,
+``timeout_s``, runs from the moment it is sent and is a `deadline.Deadline`: a CPU-bound
+stall of the loop while Redis's answer waits in the socket is not a timeout. A call's own
+deadline runs from when it is queued, which a stall of the loop may precede by the whole
+stall, so it is longer, ``CALL_DEADLINE_RATIO`` × ``timeout_s``: it only bounds a record
+queued behind a record batch in flight and a batch whose cancellation went astray. The
+client's socket timeout is a last backstop, ``SOCKET_TIMEOUT_RATIO`` × ``timeout_s`` (1 s),
+so it never fires first on a stalled loop either.
 
 Cluster caveat: the registry key lives in another slot than the model's keys, so
 ``record`` is not atomic across the two and ``forget`` is SMEMBERS then UNLINK/SREM; a
@@ -75,9 +79,15 @@ DEFAULT_ADMIN_TIMEOUT_S = 5.0
 # model's entries go while a backend idle overnight (whose KV cache vLLM has long since
 # reused) loses nothing it still holds.
 DEFAULT_KEY_TTL_S = 24 * 3600
+# A call's own deadline, from when it is queued, as a multiple of timeout_s (200 ms for
+# 50 ms): its batch's deadline (timeout_s from the send) times Redis and fails it first;
+# this one leaves room for a loop stall before the send (the issue's 80 ms, and a
+# loaded machine's round trip after it), bounds a record queued behind a record batch in
+# flight (it is shed past it), and a batch whose cancellation was lost.
+CALL_DEADLINE_RATIO = 4.0
 # The client's socket and connect timeouts, as a multiple of timeout_s (1 s for 50 ms): a
-# backstop for a write whose cancellation Python 3.11 swallowed (gh-86296), above the
-# deadline's cap (deadline.CAP_RATIO budgets) so that a stalled loop does not trip it.
+# backstop for a write whose cancellation Python 3.11 swallowed (gh-86296), far above the
+# deadlines so that a stalled loop does not trip it.
 SOCKET_TIMEOUT_RATIO = 20.0
 
 _T = TypeVar("_T")
@@ -100,7 +110,8 @@ class RedisPrefixIndex:
             owns it and closes it, unless ``owns_client`` is true.
         key_prefix: first segment of every key; no ``{`` or ``}`` (they would become
             the Cluster hash tag).
-        timeout_s: deadline of ``match`` and ``record``, in seconds, > 0.
+        timeout_s: deadline of a batch of ``match`` and ``record`` calls from its send, in
+            seconds, > 0 (each call's own, from when it is queued: ``CALL_DEADLINE_RATIO`` ×).
         admin_timeout_s: deadline of ``forget`` and ``stats``, in seconds, > 0.
         key_ttl_s: expiry of every key, refreshed when it is written, in whole seconds, >= 1.
         owns_client: close ``client`` in :meth:`aclose`.
@@ -300,11 +311,12 @@ class RedisPrefixIndex:
 
     async def _await(self, what: str, future: asyncio.Future) -> Any:
         """A queued call's result, under the call's own deadline too (the batch has one)."""
+        budget_s = self._timeout_s * CALL_DEADLINE_RATIO
         try:
-            async with Deadline(self._timeout_s):
+            async with Deadline(budget_s):
                 return await future
         except TimeoutError as exc:
-            raise IndexUnavailable(f"redis {what} took longer than {self._timeout_s} s") from exc
+            raise IndexUnavailable(f"redis {what} waited longer than {budget_s:g} s") from exc
 
     async def _bounded(self, what: str, timeout_s: float, op: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``op`` under a deadline; translate timeouts and Redis errors, once."""

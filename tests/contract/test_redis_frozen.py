@@ -46,16 +46,23 @@ async def index_and_client(redis_url: str, key_prefix: str) -> AsyncIterator[tup
         await client.aclose()
 
 
-async def test_a_busy_event_loop_is_not_an_index_timeout(index_and_client) -> None:
+@pytest.mark.parametrize("stall_after_s", [None, 0.002], ids=["before-the-send", "after-the-send"])
+async def test_a_busy_event_loop_is_not_an_index_timeout(index_and_client, stall_after_s: float | None) -> None:
     index, _ = index_and_client
     a = chain(labels("a", 8))
     await index.record("m1", "b1", a, ROOMY)  # connected and scripts loaded
     loop = asyncio.get_running_loop()
+
+    def stall() -> None:  # CPU-bound work holds the loop for 80 ms
+        if stall_after_s is None:
+            loop.call_soon(time.sleep, STALL_S)  # runs before the batch is even sent
+        else:
+            loop.call_later(stall_after_s, time.sleep, STALL_S)  # Redis's answer waits in the socket
+
     for _ in range(5):
-        # Redis answers in well under a millisecond; the loop is held for 80 ms meanwhile.
-        loop.call_soon(time.sleep, STALL_S)
+        stall()
         assert await index.match("m1", a, {"b1": ROOMY}) == {"b1": BlockMatch(8, 8, 0)}
-        loop.call_soon(time.sleep, STALL_S)
+        stall()
         await index.record("m1", "b2", a[:4], ROOMY)
     assert (await index.match("m1", a, {"b2": ROOMY}))["b2"] == BlockMatch(4, 4, 0)
 

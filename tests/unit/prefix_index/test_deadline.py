@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from prefix_index.deadline import CAP_RATIO, GRACE_RATIO, Deadline
+from prefix_index.deadline import GRACE_RATIO, Deadline
 
 BUDGET_S = 0.02
 
@@ -45,25 +45,15 @@ async def test_an_answer_that_came_during_a_stall_is_not_a_timeout() -> None:
     assert timed_out
 
 
-async def test_a_stall_before_the_request_went_out_leaves_the_store_a_whole_budget() -> None:
-    # The loop is held past the budget before the request is even sent; the store then
-    # answers 60% of a budget after the stall (a loaded machine's round trip).
-    stall_s = 2.5 * BUDGET_S
-    timed_out, _ = await wait_with(Deadline, answer_after_s=stall_s + 0.6 * BUDGET_S, stall_s=stall_s)
-    assert not timed_out
-    timed_out, _ = await wait_with(Deadline, answer_after_s=stall_s + 3 * BUDGET_S, stall_s=stall_s)
-    assert timed_out  # a whole budget, not more
-
-
-async def test_a_stall_longer_than_the_cap_still_is_not_a_timeout() -> None:
-    timed_out, _ = await wait_with(Deadline, answer_after_s=0.001, stall_s=(CAP_RATIO + 1) * BUDGET_S)
+async def test_however_long_the_stall_an_answer_that_came_during_it_counts() -> None:
+    timed_out, _ = await wait_with(Deadline, answer_after_s=0.001, stall_s=10 * BUDGET_S)
     assert not timed_out
 
 
 async def test_a_silent_store_times_out_after_budget_and_grace() -> None:
     timed_out, elapsed = await wait_with(Deadline, answer_after_s=None, stall_s=0)
     assert timed_out
-    assert BUDGET_S * (1 + GRACE_RATIO) <= elapsed < BUDGET_S * CAP_RATIO
+    assert BUDGET_S * (1 + GRACE_RATIO) <= elapsed < BUDGET_S * 2
 
 
 async def test_a_late_answer_within_the_grace_counts_and_one_after_it_does_not() -> None:
@@ -73,7 +63,7 @@ async def test_a_late_answer_within_the_grace_counts_and_one_after_it_does_not()
     assert timed_out
 
 
-async def test_a_silent_store_behind_a_loop_that_stays_busy_times_out_by_the_cap() -> None:
+async def test_a_silent_store_behind_a_loop_that_stays_busy_still_times_out() -> None:
     loop = asyncio.get_running_loop()
     busy = True
 
@@ -88,7 +78,7 @@ async def test_a_silent_store_behind_a_loop_that_stays_busy_times_out_by_the_cap
     finally:
         busy = False
     assert timed_out
-    assert elapsed < BUDGET_S * (CAP_RATIO + 1) + 0.05  # the cap, a budget and a stall or two
+    assert elapsed < 0.5  # budget and grace, each late by a stall or two; not re-armed for ever
 
 
 def test_bad_budgets_are_refused() -> None:
