@@ -1,4 +1,4 @@
-"""Fault injection under load: what clients see when a backend, Redis or the gateway fails (issue 12).
+"""Fault injection under load: what clients see when a backend, Redis or the gateway fails (issues 12, 16).
 
     python bench/faults.py [--quick] [--json] [--out FILE] [--legacy-config] [--faults a,b,...]
                            [--time-scale S] [--tree DIR] [--logdir DIR]
@@ -10,7 +10,10 @@ no``), four mock vLLM backends (``python -m gateway mock-vllm``, llama-3.1-8b on
 with the Redis index (50 ms timeout), health checks every 0.5 s and the timeouts of
 `gateway_section`: idle 5 s, drain delay 1 s, graceful shutdown 5 s, outlier ejection 5 s,
 retries as the spec's default, first byte 30 s (above the client cap, so a request stuck
-before its first byte shows as hung rather than rescued by an arbitrary short deadline).
+before its first byte shows as hung rather than rescued by an arbitrary short deadline),
+and the index's circuit breaker at its defaults (when the tree has one). A fifth backend,
+``probe``, is an upstream stub (`upstream_stub.py`) serving only the model ``probe``: the
+probe client's (`faults_probe.py`) latency through the gateway is what the gateway adds.
 ``--legacy-config`` leaves out the keys issue 12 adds (`NEW_GATEWAY_KEYS`), which the
 gateway before it rejects; the default writes them. ``--tree DIR`` runs ``python -m
 gateway`` from another source tree (e.g. ``git archive <commit> | tar -x -C DIR``).
@@ -28,7 +31,8 @@ held, then ``post_s`` more load (``--quick``: 3 s and 12 s; full: 10 s and 20 s)
    all four backends healthy and Redis answers.
 2. ``backend_sigstop``: SIGSTOP the busiest backend (chosen likewise) for 60 s (quick: 10 s), then SIGCONT.
 3. ``redis_kill9``: SIGKILL Redis, restart it on the same port 10 s later (quick: 3 s).
-4. ``redis_sigstop``: SIGSTOP Redis for 15 s (quick: 5 s), then SIGCONT.
+4. ``redis_sigstop``: SIGSTOP Redis for 10 s (quick: 5 s), then SIGCONT. (Issue 16 measures
+   the gateway's added p50 latency here: ``probe`` below.)
 5. ``gateway_sigterm``: SIGTERM the gateway with a stream in flight. The load then probes
    ``/ready`` as a load balancer would, every 0.5 s (half the drain delay; the first probe
    0.5 s after the signal), and stops sending once it is not 200 (a refused connection
@@ -58,7 +62,9 @@ to). ``post_s`` ≥ 12 s, so a request hung at t0 meets the cap inside the windo
 
 Per fault, besides the five required keys: ``streamed`` (the same counts for streamed
 requests only), ``pre_ok_per_s``, ``ok_per_bin`` (ok completions per 1-s bin from t0),
-``in_flight_at_t0``, ``streams_in_flight_at_t0``, ``refused``, ``unclean_end`` (ok or
+``probe`` (`faults_probe.probe_report`: the added p50 latency of the index path per 250 ms
+window from 2 s before t0, its median per phase, and ``p50_back_s`` — from t0 until the
+added p50 stays within 2 ms for the rest of the fault —, also a top-level key), ``in_flight_at_t0``, ``streams_in_flight_at_t0``, ``refused``, ``unclean_end`` (ok or
 clear_error streams whose HTTP body was cut instead of terminated), ``first_failure_s``
 and ``last_failure_s`` (send times of non-ok requests from t0), ``ok_latency_p50_s`` and
 ``ok_latency_max_s``, ``index_errors`` and ``retries`` (growth of
@@ -88,6 +94,7 @@ from pathlib import Path
 import aiohttp
 from faults_fleet import Fleet, redis_pings
 from faults_load import CLASSES, Bodies, Load, Window, busiest_backend, summarize
+from faults_probe import PROBE_MODEL, PROBE_THINK_S, Probe, probe_report
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL, HARDWARE, N_BACKENDS = "llama-3.1-8b", "h100-sxm", 4
@@ -112,7 +119,7 @@ class Timing:
     redis_stop_s: float
 
 
-FULL, QUICK = Timing(10, 20, 60, 10, 15), Timing(3, 12, 10, 3, 5)
+FULL, QUICK = Timing(10, 20, 60, 10, 10), Timing(3, 12, 10, 3, 5)
 
 
 def gateway_section(port: int, legacy: bool) -> dict:
@@ -133,13 +140,16 @@ def gateway_section(port: int, legacy: bool) -> dict:
     return {k: v for k, v in section.items() if not (legacy and k in NEW_GATEWAY_KEYS)}
 
 
-def gateway_config(port: int, backend_ports: list[int], redis_url: str, legacy: bool) -> dict:
+def gateway_config(port: int, backend_ports: list[int], redis_url: str, legacy: bool, stub_port: int) -> dict:
+    """The gateway's config: the mocks serve MODEL, the probe's stub alone serves PROBE_MODEL."""
     return {"gateway": gateway_section(port, legacy),
             "index": {"backend": "redis", "redis_url": redis_url, "key_prefix": "faults", "timeout_s": INDEX_TIMEOUT_S,
                       "block_size_tokens": 64, "bytes_per_token": 4.0},
             "routing": {"policy": "kappa", "seed": 0},
+            "models": {PROBE_MODEL: {"profile": MODEL}},
             "backends": [{"id": f"b{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL, "hardware": HARDWARE}
-                         for i, p in enumerate(backend_ports)]}
+                         for i, p in enumerate(backend_ports)]
+            + [{"id": "probe", "url": f"http://127.0.0.1:{stub_port}", "model": PROBE_MODEL, "hardware": HARDWARE}]}
 
 
 class Run:
@@ -150,6 +160,7 @@ class Run:
         self.started = time.monotonic()
         self.load = Load(fleet.url + "/v1/chat/completions", Bodies(MODEL, seed=0), WORKERS, THINK_S, CAP_S,
                          self.clock, seed=0)
+        self.probe = Probe(fleet.url + "/v1/chat/completions", self.clock)
         self.windows: list[Window] = []
         self.counters: dict[str, tuple] = {}
 
@@ -158,6 +169,7 @@ class Run:
 
     async def run(self) -> list[dict]:
         self.load.start()
+        self.probe.start()
         finished = False
         try:
             for name in self.args.faults:
@@ -173,6 +185,7 @@ class Run:
                     self.fleet.start_backend(w.notes["victim"])
             finished = True
         finally:
+            await self.probe.stop()
             await self.load.stop(abort=not finished)  # on an error or Ctrl-C, do not wait out the cap
         return [self._result(w) for w in self.windows]
 
@@ -181,6 +194,11 @@ class Run:
         before, after = self.counters[w.name]
         for key in ("index_errors", "retries"):
             out[key] = None if before is None or after is None else after[key] - before[key]
+        if w.name != "gateway_sigterm":  # nothing to come back to after it
+            lifted = w.notes.get("resumed_s", w.notes.get("restarted_s"))
+            out["probe"] = probe_report(self.probe.samples, w.pre_start, w.t0,
+                                        None if lifted is None else w.t0 + lifted, w.end)
+            out["p50_back_s"] = out["probe"].get("p50_back_s")
         return {**out, **w.notes}
 
     async def _victim(self, w: Window) -> str:
@@ -288,7 +306,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-NOTE_KEYS = ("victim", "resumed_s", "restarted_s", "ok_latency_max_s", "exit_code", "exit_s", "load_stopped_s")
+NOTE_KEYS = ("victim", "resumed_s", "restarted_s", "p50_back_s", "ok_latency_max_s", "exit_code", "exit_s",
+             "load_stopped_s")
 
 
 def table(report: dict) -> str:
@@ -308,8 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         workdir = args.logdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kappa-faults-")))
         workdir.mkdir(parents=True, exist_ok=True)
-        fleet = Fleet(workdir, args.tree, lambda port, ports, redis_url: gateway_config(
-            port, ports, redis_url, args.legacy_config), n_backends=N_BACKENDS, mock_args=[
+        fleet = Fleet(workdir, args.tree, lambda port, ports, redis_url, stub_port: gateway_config(
+            port, ports, redis_url, args.legacy_config, stub_port), n_backends=N_BACKENDS, mock_args=[
             "--model", MODEL, "--hardware", HARDWARE, "--time-scale", str(args.time_scale), "--log-level", "warning"])
         stack.callback(fleet.children.end_all)  # also on Ctrl-C / SIGTERM: SIGCONT, then end each child by pid
         results = asyncio.run(_main(args, fleet))
@@ -317,7 +336,8 @@ def main(argv: list[str] | None = None) -> None:
               "config": {"tree": str(args.tree), "legacy_config": args.legacy_config, "quick": args.quick,
                          "gateway": fleet.config["gateway"], "index_timeout_s": INDEX_TIMEOUT_S,
                          "mock_time_scale": args.time_scale, "workers": WORKERS, "think_s": THINK_S,
-                         "client_cap_s": CAP_S, "ready_probe_s": READY_POLL_S, "timing": asdict(args.timing)},
+                         "client_cap_s": CAP_S, "ready_probe_s": READY_POLL_S, "probe_think_s": PROBE_THINK_S,
+                         "timing": asdict(args.timing)},
               "duration_s": round(time.monotonic() - began, 1), "command": shlex.join(sys.orig_argv)}
     text = json.dumps(report, indent=2)
     if args.out:

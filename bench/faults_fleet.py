@@ -1,4 +1,4 @@
-"""The processes of `bench/faults.py`: Redis, the mock backends and the gateway as children.
+"""The processes of `bench/faults.py`: Redis, the mock backends, the probe's stub and the gateway as children.
 
 Only processes started here are ever signalled, by their pid. Imports none of the
 project's packages (the bench drives them through ``python -m gateway`` and HTTP), so it
@@ -51,14 +51,14 @@ class Children:
         self.stopped: set[str] = set()
         self._logs: list = []
 
-    def start(self, name: str, cmd: list[str], cwd: Path) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         old = self.procs.get(name)
         if old is not None and old.poll() is None:
             raise RuntimeError(f"{name} (pid {old.pid}) is still running")
         log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 -- closed in end_all
         self._logs.append(log)
         # Own session: a Ctrl-C in the terminal reaches the bench only, which then ends these by pid.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
                                 start_new_session=True, preexec_fn=_child_setup)
         self.procs[name] = proc
         return proc
@@ -127,17 +127,19 @@ async def redis_pings(port: int) -> bool:
 
 
 class Fleet:
-    """Redis, the mocks and the gateway, as children of this process; HTTP probes on them."""
+    """Redis, the mocks, the probe's stub and the gateway, as children of this process; HTTP probes on them."""
 
-    def __init__(self, workdir: Path, tree: Path, make_config: Callable[[int, list[int], str], dict], *,
+    def __init__(self, workdir: Path, tree: Path, make_config: Callable[[int, list[int], str, int], dict], *,
                  n_backends: int, mock_args: list[str]) -> None:
-        """``make_config(gateway_port, backend_ports, redis_url)`` gives the gateway's config;
-        ``mock_args`` are the options of every ``python -m gateway mock-vllm`` but its port."""
+        """``make_config(gateway_port, backend_ports, redis_url, stub_port)`` gives the gateway's
+        config (the stub is one more backend, `faults_probe`'s); ``mock_args`` are the options of
+        every ``python -m gateway mock-vllm`` but its port."""
         self.workdir, self.tree, self.mock_args, self.n_backends = workdir, tree, mock_args, n_backends
         self.children = Children(workdir)
-        self.redis_port, self.gateway_port = free_port(), free_port()
+        self.redis_port, self.gateway_port, self.stub_port = free_port(), free_port(), free_port()
         self.backend_ports = [free_port() for _ in range(n_backends)]
-        self.config = make_config(self.gateway_port, self.backend_ports, f"redis://127.0.0.1:{self.redis_port}/0")
+        self.config = make_config(self.gateway_port, self.backend_ports, f"redis://127.0.0.1:{self.redis_port}/0",
+                                  self.stub_port)
         self.url = f"http://127.0.0.1:{self.gateway_port}"
         self.http: aiohttp.ClientSession | None = None
 
@@ -163,6 +165,11 @@ class Fleet:
         for i in range(self.n_backends):
             url = f"http://127.0.0.1:{self.backend_ports[i]}/health"
             await self.wait_process(f"b{i}", lambda url=url: self.get_ok(url))
+        # The probe's upstream, always from this bench's tree (it is the bench's, not the gateway's).
+        bench = Path(__file__).resolve().parent
+        self.children.start("stub", [sys.executable, str(bench / "upstream_stub.py"), "--port", str(self.stub_port)],
+                            bench.parent, env={**os.environ, "PYTHONPATH": str(bench.parent)})
+        await self.wait_process("stub", lambda: self.get_ok(f"http://127.0.0.1:{self.stub_port}/health"))
         path = self.workdir / "gateway.yaml"
         path.write_text(yaml.safe_dump(self.config, sort_keys=False))
         self.children.start("gateway", [sys.executable, "-m", "gateway", "serve", "--config", str(path),
@@ -182,12 +189,12 @@ class Fleet:
             return resp.status == 200
 
     async def wait_whole(self) -> None:
-        """Until Redis answers and the gateway reports every backend healthy."""
+        """Until Redis answers and the gateway reports every backend (and the probe's stub) healthy."""
         async def whole() -> bool:
             if not await redis_pings(self.redis_port):
                 return False
             async with self.http.get(self.url + "/v1/kappa/backends") as resp:
-                return sum(b["healthy"] for b in (await resp.json())["backends"]) == self.n_backends
+                return sum(b["healthy"] for b in (await resp.json())["backends"]) == self.n_backends + 1
         await self.wait_process("gateway", whole)
 
     async def counters(self) -> dict[str, float] | None:

@@ -12,6 +12,7 @@ and equal for everyone. It imports none of the project's packages.
 - ``GET /health``: 200. ``GET /metrics``: a minimal vLLM-style page (an idle engine).
 
     python bench/upstream_stub.py --listeners 8     # prints {"ports": [...]} once listening
+    python bench/upstream_stub.py --port 8123       # listens on the given port(s) instead
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ async def app(scope, receive, send) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--listeners", type=int, default=8, help="loopback ports to listen on (each port 0)")
+    parser.add_argument("--port", type=int, action="append", help="listen on this loopback port (repeatable; "
+                        "replaces --listeners)")
     args = parser.parse_args()
     sockets = []
-    for _ in range(args.listeners):
+    for port in args.port or [0] * args.listeners:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         sockets.append(sock)
     print(json.dumps({"ports": [s.getsockname()[1] for s in sockets]}), flush=True)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="off", access_log=False,

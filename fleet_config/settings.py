@@ -5,7 +5,8 @@ The one reader of the config YAML file and of ``os.environ``.
 One file per deployment (``config/fleet.local.yaml`` is the example)::
 
     gateway:  {host, port, max_body_bytes, timeouts, health and scrape intervals}
-    index:    {backend: memory|redis, redis_url, key_prefix, timeout_s, block_size_tokens, bytes_per_token}
+    index:    {backend: memory|redis, redis_url, key_prefix, timeout_s, key_ttl_s, breaker_failures,
+               breaker_open_s, breaker_max_open_s, block_size_tokens, bytes_per_token}
     routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed}
     models:   {served name: {profile: catalog name}}          (optional; default: catalog names)
     kv_pool:  {capacity_gb, link_gb_s_per_gpu}                (optional: a KV store the fleet shares)
@@ -31,7 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
+from prefix_index.breaker import DEFAULT_FAILURE_THRESHOLD, DEFAULT_MAX_OPEN_S, DEFAULT_OPEN_S
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
+from prefix_index.redis_index import DEFAULT_KEY_TTL_S
 from router.cost import BackendSpec, kv_pool_link_gb_s
 from router.policies import POLICY_NAMES, PolicyConfigError, build_policy
 from router.profiles import Catalog, ModelProfile
@@ -105,12 +108,23 @@ class GatewaySection(EdgeSettings):
 
 
 class IndexSection(_Strict):
-    """The prefix index: embedded (``memory``) or shared (``redis``)."""
+    """The prefix index: embedded (``memory``) or shared (``redis``).
+
+    Redis only (README "Redis index"): ``timeout_s`` bounds a match or record (event-loop
+    stalls excluded, `prefix_index.deadline`); ``key_ttl_s`` is every key's expiry, refreshed
+    when written; the circuit breaker (`prefix_index.breaker`) opens after
+    ``breaker_failures`` consecutive failed matches, skips the index ``breaker_open_s``,
+    then probes once, doubling the wait after each failed probe up to ``breaker_max_open_s``.
+    """
 
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None
     key_prefix: str = "kappa"
     timeout_s: float = Field(default=0.05, gt=0)
+    key_ttl_s: int = Field(default=DEFAULT_KEY_TTL_S, ge=1)
+    breaker_failures: int = Field(default=DEFAULT_FAILURE_THRESHOLD, ge=1)
+    breaker_open_s: float = Field(default=DEFAULT_OPEN_S, gt=0)
+    breaker_max_open_s: float = Field(default=DEFAULT_MAX_OPEN_S, gt=0)
     block_size_tokens: int = Field(default=DEFAULT_BLOCK_SIZE_TOKENS, gt=0)
     bytes_per_token: float = Field(default=BYTES_PER_TOKEN_ESTIMATE, gt=0)
     # With redis: gateway replicas exchange their load through it every this many seconds and
@@ -122,6 +136,9 @@ class IndexSection(_Strict):
     def _redis_needs_url(self) -> IndexSection:
         if self.backend == "redis" and not self.redis_url:
             raise ValueError("backend 'redis' needs redis_url (or set KAPPA_REDIS_URL)")
+        if self.breaker_max_open_s < self.breaker_open_s:
+            raise ValueError(f"breaker_max_open_s ({self.breaker_max_open_s}) must be >= breaker_open_s "
+                             f"({self.breaker_open_s})")
         return self
 
 

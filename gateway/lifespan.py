@@ -1,7 +1,8 @@
 """The composition root: opens the upstream client, the index, the backend set, in order; closes in reverse.
 
-Redis is used when the config's ``index.backend`` is ``redis`` (``KAPPA_REDIS_URL`` sets it);
-otherwise the embedded in-memory index.
+Redis is used when the config's ``index.backend`` is ``redis`` (``KAPPA_REDIS_URL`` sets it),
+behind a circuit breaker (`prefix_index.breaker`) whose state the ``gateway_index_degraded``
+gauge reads; otherwise the embedded in-memory index.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from fleet_config.settings import Settings
 from gateway.state import GatewayState
 from gateway.telemetry import Telemetry
 from gateway.upstream import make_session
-from prefix_index import MemoryPrefixIndex, PrefixIndex, PrefixIndexError, RedisPrefixIndex
+from prefix_index import (
+    BreakerIndex,
+    CircuitBreaker,
+    MemoryPrefixIndex,
+    PrefixIndex,
+    PrefixIndexError,
+    RedisPrefixIndex,
+)
 from router.calibration import BytesPerToken
 from router.policies import build_policy
 from router.profiles import Catalog
@@ -31,11 +39,16 @@ from router.profiles import Catalog
 log = logging.getLogger("kappa_gateway")
 
 
-def make_index(settings: Settings) -> PrefixIndex:
+def make_index(settings: Settings, telemetry: Telemetry, clock: Callable[[], float]) -> PrefixIndex:
+    """The configured index: in memory, or Redis behind a circuit breaker on ``clock``."""
     cfg = settings.index
     if cfg.backend == "redis":
         assert cfg.redis_url is not None  # validated by IndexSection
-        return RedisPrefixIndex.from_url(cfg.redis_url, key_prefix=cfg.key_prefix, timeout_s=cfg.timeout_s)
+        redis_index = RedisPrefixIndex.from_url(cfg.redis_url, key_prefix=cfg.key_prefix, timeout_s=cfg.timeout_s,
+                                                key_ttl_s=cfg.key_ttl_s)
+        breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_s, cfg.breaker_max_open_s)
+        telemetry.index_degraded.set_function(lambda: 1.0 if breaker.degraded else 0.0)
+        return BreakerIndex(redis_index, breaker, clock)
     return MemoryPrefixIndex()
 
 
@@ -64,7 +77,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         stack.push_async_callback(session.close)
         probe_session = aiohttp.ClientSession()
         stack.push_async_callback(probe_session.close)
-        index = make_index(settings)
+        index = make_index(settings, telemetry, clock)
         stack.push_async_callback(index.aclose)
         if settings.index.backend == "redis":
             try:

@@ -42,6 +42,7 @@ from gateway.index_truth import IndexTruth
 from gateway.telemetry import Telemetry
 from prefix_index import (
     CanonicalizationError,
+    IndexCircuitOpen,
     NestingTooDeep,
     PrefixIndex,
     PrefixIndexError,
@@ -256,6 +257,9 @@ class RoutingService:
             self._recovered()
 
     def index_failed(self, op: str, exc: PrefixIndexError) -> None:
+        if isinstance(exc, IndexCircuitOpen):  # not sent: the breaker is open (its outage was counted and warned)
+            self.telemetry.index_skipped.labels(op).inc()
+            return
         self._degraded(op, exc)
 
     def _degraded(self, op: str, exc: Exception) -> None:

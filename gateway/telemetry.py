@@ -26,6 +26,8 @@ is in its ``x-kappa-crit`` header, not a metric; its regime labels ``gateway_req
 | ``gateway_index_errors_total`` | counter | op |
 | ``gateway_index_predictions_total`` | counter | backend, outcome = within_one_block\\|over\\|under (predicted K vs reported cached_tokens) |
 | ``gateway_index_resets_total`` | counter | backend (a backend id, or ``@kv-pool``), reason = restart\\|cached-tokens-shortfall\\|kv-pool-backends-restarted |
+| ``gateway_index_skipped_total`` | counter | op (match\\|record\\|forget): not sent, the index's circuit breaker was open |
+| ``gateway_index_degraded`` | gauge | — (1 while the Redis index's circuit breaker is open or half-open, else 0) |
 | ``gateway_index_seconds`` | histogram | op |
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
 | ``gateway_peer_replicas`` | gauge | (replicas seen at the last load exchange, `gateway.peers`) |
@@ -113,6 +115,10 @@ class Telemetry:
                                     "or @kv-pool): a restart seen in its /metrics, answers' cached_tokens short of "
                                     "its credit again and again, or every backend sharing the KV pool restarted.",
                                     ["backend", "reason"], registry=r)
+        self.index_skipped = Counter("gateway_index_skipped", "Prefix-index calls skipped because its circuit "
+                                     "breaker was open (routed without prefix matches).", ["op"], registry=r)
+        self.index_degraded = Gauge("gateway_index_degraded", "1 while the prefix index's circuit breaker is open "
+                                    "or half-open (the index is skipped), else 0.", registry=r)
         self.index_seconds = Histogram("gateway_index_seconds", "Prefix-index call latency.", ["op"],
                                        buckets=DECISION_BUCKETS, registry=r)
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",

@@ -8,6 +8,8 @@ Public surface (DESIGN.md §4)::
     memory_index / redis_index   the two implementations (same contract tests)
     pending     chains routed but not yet prefilled, overlaid on the index's matches
     pool        a fleet-shared KV pool's chains (pseudo-backend KV_POOL_ID), overlaid likewise
+    breaker     circuit breaker around an index (a frozen Redis is skipped, then probed)
+    deadline    a timeout that times the store, not the event loop's stalls
     errors      PrefixIndexError tree
 
 Typical request path::
@@ -19,13 +21,20 @@ Typical request path::
 """
 
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, PrefixIndex, TierCapacity
+from prefix_index.breaker import BreakerIndex, CircuitBreaker
 from prefix_index.canonical import (
     cache_salt,
     chat_canonical_bytes,
     completion_canonical_bytes,
     completion_prompts,
 )
-from prefix_index.errors import CanonicalizationError, IndexUnavailable, NestingTooDeep, PrefixIndexError
+from prefix_index.errors import (
+    CanonicalizationError,
+    IndexCircuitOpen,
+    IndexUnavailable,
+    NestingTooDeep,
+    PrefixIndexError,
+)
 from prefix_index.hashing import (
     BYTES_PER_TOKEN_ESTIMATE,
     DEFAULT_BLOCK_SIZE_TOKENS,
@@ -42,7 +51,10 @@ __all__ = [
     "BYTES_PER_TOKEN_ESTIMATE",
     "DEFAULT_BLOCK_SIZE_TOKENS",
     "BlockMatch",
+    "BreakerIndex",
     "CanonicalizationError",
+    "CircuitBreaker",
+    "IndexCircuitOpen",
     "IndexStats",
     "IndexUnavailable",
     "MemoryPrefixIndex",

@@ -5,6 +5,7 @@ package as a whole or one failure precisely (shape of ``httpx/_exceptions.py``):
 
     PrefixIndexError
      ├── IndexUnavailable          backend store unreachable, slow or failing
+     │    └── IndexCircuitOpen     not asked at all: the circuit breaker is open
      └── CanonicalizationError     request body cannot be turned into canonical bytes
          │                         (also a ``ValueError``): the body is malformed
          └── NestingTooDeep        a well-formed body nested beyond what the encoder
@@ -17,7 +18,7 @@ timeouts become :class:`IndexUnavailable` in ``redis_index.py`` only, raised
 
 from __future__ import annotations
 
-__all__ = ["CanonicalizationError", "IndexUnavailable", "NestingTooDeep", "PrefixIndexError"]
+__all__ = ["CanonicalizationError", "IndexCircuitOpen", "IndexUnavailable", "NestingTooDeep", "PrefixIndexError"]
 
 
 class PrefixIndexError(Exception):
@@ -30,6 +31,15 @@ class IndexUnavailable(PrefixIndexError):
     Raised by :class:`prefix_index.redis_index.RedisPrefixIndex` for a refused or
     dropped connection, a timeout, or any other Redis error. Callers on the request
     path degrade on purpose: treat it as "no prefix match" and count it.
+    """
+
+
+class IndexCircuitOpen(IndexUnavailable):
+    """The call was skipped, at once, because the index's circuit breaker is open.
+
+    Raised by :class:`prefix_index.breaker.BreakerIndex` after consecutive failures of the
+    store, until a probe succeeds. Callers degrade as for ``IndexUnavailable`` (no prefix
+    match) but count it apart: it is a skip, not a failure of the store.
     """
 
 

@@ -24,7 +24,7 @@ under load (BerriAI/litellm#6483).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +32,10 @@ from redis.asyncio.client import Redis
 from redis.exceptions import RedisError
 
 from prefix_index.base import BlockMatch, TierCapacity
+from prefix_index.deadline import Deadline
 from prefix_index.errors import IndexUnavailable
 from prefix_index.redis_lua import BATCH_LUA
+from prefix_index.redis_registry import Registry
 
 __all__ = ["RECORD_BLOCKS_PER_BATCH", "Coalescer"]
 
@@ -48,7 +50,7 @@ class _Record:
     blocks_key: str
     total_blocks: int
     packed: bytes
-    registration: tuple[str, str]  # (registry key, model), for on_created
+    registration: tuple[str, str]  # (registry key, model), for the registry
 
 
 @dataclass(slots=True)
@@ -72,18 +74,20 @@ class Coalescer:
 
     Args:
         client: the index's ``redis.asyncio.Redis``.
-        timeout_s: deadline of one batch, in seconds; past it every call in the batch
-            fails with ``IndexUnavailable``.
-        on_created: ``async (registry_key, model) -> None``, awaited (before the record's
-            caller resumes) for each record that created its blocks key: the index adds
-            the model to that backend's registry set there.
+        timeout_s: deadline of one batch, in seconds (a `deadline.Deadline`: the event
+            loop's stalls do not count); past it every call in the batch fails with
+            ``IndexUnavailable``.
+        key_ttl_s: expiry the script sets on every key a record writes, seconds (>= 1).
+        registry: the backends' registry sets; written (before the record's caller
+            resumes) for each record that created its blocks key or whose entry is due
+            for a refresh (`redis_registry.Registry.due`).
     """
 
-    def __init__(self, client: Redis, timeout_s: float,
-                 on_created: Callable[[str, str], Any]) -> None:
+    def __init__(self, client: Redis, timeout_s: float, key_ttl_s: int, registry: Registry) -> None:
         self._script = client.register_script(BATCH_LUA)
         self._timeout_s = timeout_s
-        self._on_created = on_created
+        self._key_ttl_s = key_ttl_s
+        self._registry = registry
         self._pending: dict[str, _Batch] = {}  # clock key -> calls not sent yet
         self._busy: set[str] = set()  # clock keys with a batch carrying records in flight
         self._flush_scheduled = False
@@ -95,7 +99,7 @@ class Coalescer:
     def record(self, clock_key: str, blocks_key: str, packed: bytes, capacity: TierCapacity,
                registration: tuple[str, str]) -> asyncio.Future:
         """Queue a record; the future resolves to None once Redis has it.
-        ``registration`` is (registry key, model), passed to ``on_created``."""
+        ``registration`` is (registry key, model), for the registry."""
         future = asyncio.get_running_loop().create_future()
         self._queue(clock_key).records.append(_Record(future, blocks_key, capacity.total_blocks, packed, registration))
         return future
@@ -175,7 +179,7 @@ class Coalescer:
                 index = key_ids[key] = len(key_ids) + 2
             return index
 
-        args: list[Any] = [len(records), len(matches)]
+        args: list[Any] = [len(records), len(matches), self._key_ttl_s]
         for r in records:
             args += (key_id(r.blocks_key), r.total_blocks, r.packed)
         for m in matches:
@@ -188,11 +192,11 @@ class Coalescer:
         self.calls_sent += len(records) + len(matches)
         calls: list[_Record | _Match] = [*records, *matches]
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with Deadline(self._timeout_s):
                 flat = await self._script(keys=[clock_key, *key_ids], args=args)
-                created = [r.registration for r, existed in zip(records, flat) if not existed]
-                for registry_key, model in dict.fromkeys(created):
-                    await self._on_created(registry_key, model)
+                due = [r.registration for r, existed in zip(records, flat) if self._registry.due(r.registration, not existed)]
+                if due:
+                    await self._registry.add(due)
         except (TimeoutError, RedisError) as exc:
             what = f"took longer than {self._timeout_s} s" if isinstance(exc, TimeoutError) else \
                 f"failed: {type(exc).__name__}: {exc}"

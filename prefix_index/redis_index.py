@@ -11,17 +11,32 @@ model's keys share a slot; ``%``, ``{`` and ``}`` in the model are %-escaped)::
     P:{M}:clock                  INT   the model's logical clock (INCRBY n per record)
     P:backend-models:<backend>   SET   models with a blocks key for the backend (forget/stats)
 
+Every key carries a TTL, refreshed when it is written: ``key_ttl_s`` for the blocks keys
+and clocks (EXPIRE in the record script), a quarter more for the registry sets
+(``redis_registry``). So a retired fleet's keys expire a day (the default) after its
+last record instead of staying forever.
+
 Round trips: every ``match`` and ``record`` issued for a model during one event-loop turn
 goes out as one EVALSHA (``redis_batch.Coalescer``; ``redis_lua.BATCH_LUA`` runs the
-records — INCRBY, ZADD, ZREMRANGEBYRANK — then the matches, ``base.match_chain``'s two
-binary searches per backend with ZREVRANK), plus an SADD to the registry when a record
-created a blocks key. A lone call is a batch of one, sent in the same turn. Hashes travel
-as packed ARGV strings, sliced in Lua only where probed.
+records — INCRBY, ZADD, ZREMRANGEBYRANK, EXPIRE — then the matches, ``base.match_chain``'s two
+binary searches per backend with ZREVRANK), plus an SADD and EXPIRE of the registry when
+a record created a blocks key (or its entry is due for a refresh). A lone call is a batch
+of one, sent in the same turn. Hashes travel as packed ARGV strings, sliced in Lua only
+where probed.
+
+Deadlines time Redis, not the gateway's event loop (issue 16). A batch's deadline,
+``timeout_s``, runs from the moment it is sent and is a `deadline.Deadline`: a CPU-bound
+stall of the loop while Redis's answer waits in the socket is not a timeout. A call's own
+deadline runs from when it is queued, which a stall of the loop may precede by the whole
+stall, so it is longer, ``CALL_DEADLINE_RATIO`` × ``timeout_s``: it only bounds a record
+queued behind a record batch in flight and a batch whose cancellation went astray. The
+client's socket timeout is a last backstop, ``SOCKET_TIMEOUT_RATIO`` × ``timeout_s`` (1 s),
+so it never fires first on a stalled loop either.
 
 Cluster caveat: the registry key lives in another slot than the model's keys, so
 ``record`` is not atomic across the two and ``forget`` is SMEMBERS then UNLINK/SREM; a
-record racing a forget can leave a blocks key the registry misses until that (model,
-backend) is recorded again. This class takes a ``redis.asyncio.Redis``; a cluster client
+record racing a forget can leave a blocks key the registry misses until the registry's
+next refresh for that (model, backend), or the key's expiry. This class takes a ``redis.asyncio.Redis``; a cluster client
 is future work.
 """
 
@@ -30,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -39,12 +55,15 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, TierCapacity, check_hashes
+from prefix_index.deadline import Deadline
 from prefix_index.errors import IndexUnavailable
 from prefix_index.redis_batch import Coalescer
+from prefix_index.redis_registry import Registry
 
 __all__ = [
     "DEFAULT_ADMIN_TIMEOUT_S",
     "DEFAULT_KEY_PREFIX",
+    "DEFAULT_KEY_TTL_S",
     "DEFAULT_TIMEOUT_S",
     "RedisPrefixIndex",
 ]
@@ -56,6 +75,20 @@ DEFAULT_KEY_PREFIX = "kappa"
 DEFAULT_TIMEOUT_S = 0.05
 # forget and stats run off the request path and may touch every key of a backend.
 DEFAULT_ADMIN_TIMEOUT_S = 5.0
+# Index keys expire this long after their last record: a day, so a retired backend's or
+# model's entries go while a backend idle overnight (whose KV cache vLLM has long since
+# reused) loses nothing it still holds.
+DEFAULT_KEY_TTL_S = 24 * 3600
+# A call's own deadline, from when it is queued, as a multiple of timeout_s (200 ms for
+# 50 ms): its batch's deadline (timeout_s from the send) times Redis and fails it first;
+# this one leaves room for a loop stall before the send (the issue's 80 ms, and a
+# loaded machine's round trip after it), bounds a record queued behind a record batch in
+# flight (it is shed past it), and a batch whose cancellation was lost.
+CALL_DEADLINE_RATIO = 4.0
+# The client's socket and connect timeouts, as a multiple of timeout_s (1 s for 50 ms): a
+# backstop for a write whose cancellation Python 3.11 swallowed (gh-86296), far above the
+# deadlines so that a stalled loop does not trip it.
+SOCKET_TIMEOUT_RATIO = 20.0
 
 _T = TypeVar("_T")
 
@@ -63,24 +96,29 @@ _T = TypeVar("_T")
 class RedisPrefixIndex:
     """``PrefixIndex`` in Redis: shared by gateway replicas, survives gateway restarts.
 
-    Every call runs under an ``asyncio.timeout`` deadline and raises only
-    ``IndexUnavailable`` (or ``ValueError`` for bad hashes). Give a caller-owned client a
-    ``socket_timeout`` near ``timeout_s`` and few retries, as :meth:`from_url` does:
-    redis-py wraps socket writes in ``asyncio.wait_for``, which on Python 3.11 can
-    swallow a cancellation that lands as the write completes (CPython gh-86296, fixed in
-    3.12), and then only the socket timeout bounds the read that follows.
+    Every call runs under a `deadline.Deadline` (the event loop's stalls do not count) and
+    raises only ``IndexUnavailable`` (or ``ValueError`` for bad hashes). Give a
+    caller-owned client a ``socket_timeout`` of about ``SOCKET_TIMEOUT_RATIO`` ×
+    ``timeout_s`` and few retries, as :meth:`from_url` does: redis-py wraps socket writes
+    in ``asyncio.wait_for``, which on Python 3.11 can swallow a cancellation that lands as
+    the write completes (CPython gh-86296, fixed in 3.12), and then only the socket
+    timeout bounds the read that follows; a socket timeout near ``timeout_s`` would fire
+    on a stalled loop before the deadline could tell.
 
     Args:
         client: a ``redis.asyncio.Redis`` (``decode_responses`` either way). The caller
             owns it and closes it, unless ``owns_client`` is true.
         key_prefix: first segment of every key; no ``{`` or ``}`` (they would become
             the Cluster hash tag).
-        timeout_s: deadline of ``match`` and ``record``, in seconds, > 0.
+        timeout_s: deadline of a batch of ``match`` and ``record`` calls from its send, in
+            seconds, > 0 (each call's own, from when it is queued: ``CALL_DEADLINE_RATIO`` ×).
         admin_timeout_s: deadline of ``forget`` and ``stats``, in seconds, > 0.
+        key_ttl_s: expiry of every key, refreshed when it is written, in whole seconds, >= 1.
         owns_client: close ``client`` in :meth:`aclose`.
+        clock: monotonic seconds, read to pace the registry's TTL refreshes.
 
     Raises:
-        ValueError: a bad ``key_prefix`` or timeout.
+        ValueError: a bad ``key_prefix``, timeout or TTL.
     """
 
     def __init__(
@@ -90,19 +128,24 @@ class RedisPrefixIndex:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         admin_timeout_s: float = DEFAULT_ADMIN_TIMEOUT_S,
+        key_ttl_s: int = DEFAULT_KEY_TTL_S,
         owns_client: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key_prefix must be non-empty without braces, got {key_prefix!r}")
         for name, value in (("timeout_s", timeout_s), ("admin_timeout_s", admin_timeout_s)):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        if isinstance(key_ttl_s, bool) or not isinstance(key_ttl_s, int) or key_ttl_s < 1:
+            raise ValueError(f"key_ttl_s must be an int >= 1, got {key_ttl_s!r}")
         self._client = client
         self._prefix = key_prefix
         self._timeout_s = timeout_s
         self._admin_timeout_s = admin_timeout_s
         self._owns_client = owns_client
-        self._coalescer = Coalescer(client, timeout_s, self._register)
+        self._registry = Registry(client, key_ttl_s, clock)
+        self._coalescer = Coalescer(client, timeout_s, key_ttl_s, self._registry)
 
     @classmethod
     def from_url(
@@ -112,24 +155,27 @@ class RedisPrefixIndex:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         admin_timeout_s: float = DEFAULT_ADMIN_TIMEOUT_S,
+        key_ttl_s: int = DEFAULT_KEY_TTL_S,
     ) -> RedisPrefixIndex:
         """Create an index with its own client, closed by :meth:`aclose`.
 
-        The client's connect and socket timeouts are ``timeout_s`` (each ``forget``/
-        ``stats`` command is still a single quick read) and it does not retry: a retry
-        cannot fit in the request's deadline, and the next request tries again.
+        The client's connect and socket timeouts are the backstop ``SOCKET_TIMEOUT_RATIO``
+        × ``timeout_s`` (each ``forget``/``stats`` command is still a single quick read)
+        and it does not retry: a retry cannot fit in the request's deadline, and the next
+        request tries again.
 
         Args:
             url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
-            key_prefix, timeout_s, admin_timeout_s: as for the constructor.
+            key_prefix, timeout_s, admin_timeout_s, key_ttl_s: as for the constructor.
 
         Returns:
             A ready index; connections open lazily on first use.
         """
+        backstop_s = timeout_s * SOCKET_TIMEOUT_RATIO
         client = redis.Redis.from_url(
             url,
-            socket_connect_timeout=timeout_s,
-            socket_timeout=timeout_s,
+            socket_connect_timeout=backstop_s,
+            socket_timeout=backstop_s,
             retry=Retry(NoBackoff(), 0),
         )
         return cls(
@@ -137,6 +183,7 @@ class RedisPrefixIndex:
             key_prefix=key_prefix,
             timeout_s=timeout_s,
             admin_timeout_s=admin_timeout_s,
+            key_ttl_s=key_ttl_s,
             owns_client=True,
         )
 
@@ -169,8 +216,9 @@ class RedisPrefixIndex:
     ) -> None:
         """Touch the chain on ``backend_id`` and trim to capacity.
 
-        Coalesced with the other calls of this loop turn into one EVALSHA; an SADD to the
-        backend's registry follows when the record created the blocks key.
+        Coalesced with the other calls of this loop turn into one EVALSHA, which also
+        refreshes the TTL of the keys it writes; an SADD + EXPIRE of the backend's registry
+        follows when the record created the blocks key or the entry is due for a refresh.
 
         Args:
             model: served model name.
@@ -210,6 +258,7 @@ class RedisPrefixIndex:
                 await pipe.execute()
 
         await self._bounded("forget", self._admin_timeout_s, run)
+        self._registry.forgot(registry)
 
     async def stats(self) -> IndexStats:
         """Return blocks per backend (ZCARD) and ``MEMORY USAGE`` of the index's keys.
@@ -262,21 +311,17 @@ class RedisPrefixIndex:
 
     async def _await(self, what: str, future: asyncio.Future) -> Any:
         """A queued call's result, under the call's own deadline too (the batch has one)."""
+        budget_s = self._timeout_s * CALL_DEADLINE_RATIO
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with Deadline(budget_s):
                 return await future
         except TimeoutError as exc:
-            raise IndexUnavailable(f"redis {what} took longer than {self._timeout_s} s") from exc
-
-    async def _register(self, registry_key: str, model: str) -> None:
-        """Add a model whose blocks key a record created to its backend's registry set
-        (forget and stats find the key there)."""
-        await self._client.sadd(registry_key, model)
+            raise IndexUnavailable(f"redis {what} waited longer than {budget_s:g} s") from exc
 
     async def _bounded(self, what: str, timeout_s: float, op: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``op`` under a deadline; translate timeouts and Redis errors, once."""
         try:
-            async with asyncio.timeout(timeout_s):
+            async with Deadline(timeout_s):
                 return await op()
         except TimeoutError as exc:
             raise IndexUnavailable(f"redis {what} took longer than {timeout_s} s") from exc

@@ -6,7 +6,9 @@ never slept for.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -42,6 +44,29 @@ def redis_server() -> Iterator[str]:
         FileNotFoundError: no ``redis-server`` on PATH (``.ci/run`` installs it).
         TimeoutError: the server did not answer PING within READY_TIMEOUT_S.
     """
+    with redis_process() as (url, _):
+        yield url
+
+
+@contextmanager
+def frozen(proc: subprocess.Popen) -> Iterator[None]:
+    """SIGSTOP ``proc`` (a server this test started) for the block; SIGCONT it on the way out,
+    whatever happens."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+@contextmanager
+def redis_process() -> Iterator[tuple[str, subprocess.Popen]]:
+    """As `redis_server`, also yielding the process (to SIGSTOP it, with `frozen`).
+
+    Raises:
+        FileNotFoundError: no ``redis-server`` on PATH (``.ci/run`` installs it).
+        TimeoutError: the server did not answer PING within READY_TIMEOUT_S.
+    """
     binary = shutil.which("redis-server")
     if binary is None:
         raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
@@ -60,8 +85,10 @@ def redis_server() -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise TimeoutError("redis-server did not answer PING")
                 time.sleep(POLL_INTERVAL_S)  # poll interval, not a readiness guess
-            yield f"redis://127.0.0.1:{port}/0"
+            yield f"redis://127.0.0.1:{port}/0", proc
         finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a stopped server cannot act on SIGTERM
             proc.terminate()
             try:
                 proc.wait(timeout=5)

@@ -1,0 +1,36 @@
+"""The Redis index's keys of the ``index:`` section (issue 16): defaults, and bad values fail with their path."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet_config.catalog import default_catalog
+from fleet_config.errors import ConfigError
+from fleet_config.settings import parse_settings
+
+CATALOG = default_catalog()
+BACKEND = {"id": "a", "url": "http://127.0.0.1:8001", "model": "llama-3.1-8b", "hardware": "h100-sxm"}
+
+
+def parse(index: dict):
+    return parse_settings({"index": index, "backends": [BACKEND]}, CATALOG, env={})
+
+
+def test_defaults() -> None:
+    cfg = parse({}).index
+    assert (cfg.timeout_s, cfg.key_ttl_s) == (0.05, 86400)
+    assert (cfg.breaker_failures, cfg.breaker_open_s, cfg.breaker_max_open_s) == (3, 1.0, 4.0)
+
+
+@pytest.mark.parametrize(("index", "message"), [
+    ({"key_ttl_s": 0}, r"index\.key_ttl_s: Input should be greater than or equal to 1"),
+    ({"key_ttl_s": 1.5}, r"index\.key_ttl_s: Input should be a valid integer"),
+    ({"breaker_failures": 0}, r"index\.breaker_failures: Input should be greater than or equal to 1"),
+    ({"breaker_open_s": 0}, r"index\.breaker_open_s: Input should be greater than 0"),
+    ({"breaker_open_s": 5, "breaker_max_open_s": 2}, r"index: Value error, breaker_max_open_s \(2\.0\) must be >= "
+                                                     r"breaker_open_s \(5\.0\)"),
+    ({"breaker": {"failures": 3}}, r"index\.breaker: Extra inputs are not permitted"),
+], ids=["ttl-zero", "ttl-fraction", "failures-zero", "open-zero", "max-below-open", "nested-typo"])
+def test_bad_index_keys_fail_with_their_path(index: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(index)
