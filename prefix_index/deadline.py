@@ -76,7 +76,8 @@ class Deadline:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        return await self._timeout.__aexit__(exc_type, exc, tb)
+        await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired
+        return None
 
     def _check(self) -> None:
         now = self._loop.time()
