@@ -7,6 +7,7 @@ gauge reads; otherwise the embedded in-memory index.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import random
@@ -22,7 +23,7 @@ from gateway.peers import PeerLoad
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.state import GatewayState
-from gateway.telemetry import Telemetry
+from gateway.telemetry import MULTIPROCESS, REFRESH_INTERVAL_S, Telemetry
 from gateway.upstream import make_session
 from prefix_index import (
     BreakerIndex,
@@ -47,9 +48,20 @@ def make_index(settings: Settings, telemetry: Telemetry, clock: Callable[[], flo
         redis_index = RedisPrefixIndex.from_url(cfg.redis_url, key_prefix=cfg.key_prefix, timeout_s=cfg.timeout_s,
                                                 key_ttl_s=cfg.key_ttl_s)
         breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_s, cfg.breaker_max_open_s)
-        telemetry.index_degraded.set_function(lambda: 1.0 if breaker.degraded else 0.0)
+        telemetry.gauge_function(telemetry.index_degraded, lambda: 1.0 if breaker.degraded else 0.0)
         return BreakerIndex(redis_index, breaker, clock)
     return MemoryPrefixIndex()
+
+
+async def _refresh_gauges(telemetry: Telemetry) -> None:
+    while True:
+        telemetry.refresh()
+        await asyncio.sleep(REFRESH_INTERVAL_S)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def open_peers(settings: Settings, states: list[BackendState], telemetry: Telemetry) -> PeerLoad:
@@ -101,6 +113,9 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock)
         await backends.start()
         stack.push_async_callback(backends.stop)
+        if MULTIPROCESS:  # serve --workers: each worker writes its callback gauges for the others' scrapes
+            refresher = asyncio.create_task(_refresh_gauges(telemetry), name="gateway-metrics-refresh")
+            stack.push_async_callback(_cancel, refresher)
         if settings.index.backend == "redis" and settings.index.share_load:
             state.peers = open_peers(settings, states, telemetry)
             routing.dispatcher.records_at_decision = True

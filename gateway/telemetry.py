@@ -39,7 +39,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+# prometheus-client's multiprocess mode (``serve --workers``): chosen by this variable at import,
+# as prometheus-client itself decides. Gauges then combine over workers by their
+# ``multiprocess_mode`` (livesum: loads add up; mostrecent: the last value any worker wrote).
+MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+REFRESH_INTERVAL_S = 1.0
 
 # 0.01 … 1e5, 3 buckets per decade: κ_ratio spans 7 decades (REFERENCE.md §1: Mooncake p99 ≈ 890,
 # document QA ≈ 10,000).
@@ -77,7 +85,7 @@ class Telemetry:
         self.kappa_crit_linear = Gauge("gateway_kappa_crit_linear", "κ_crit_linear = κ_M·κ_HW per backend (linear "
                                        "F_pf, host link, T-independent): predicted from profiles; measured "
                                        "(router.calibration.KappaCritFit) once enough clean TTFT samples exist.",
-                                       ["backend", "kind"], registry=r)
+                                       ["backend", "kind"], multiprocess_mode="mostrecent", registry=r)
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)
         self.cached_estimated = Counter("gateway_cached_tokens_estimated",
@@ -93,10 +101,10 @@ class Telemetry:
         self.e2e = Histogram("gateway_e2e_seconds", "Time from receipt to the last byte.", ["backend"],
                              buckets=LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests sent and not finished (the ledger).",
-                               ["backend"], registry=r)
+                               ["backend"], multiprocess_mode="livesum", registry=r)
         self.kv_demand = Gauge("gateway_kv_demand_bytes", "KV bytes charged to in-flight requests, (K+T+max_tokens)·B_kv.",
-                               ["backend"], registry=r)
-        self.backend_up = Gauge("gateway_backend_up", "1 if the backend passes health checks.", ["backend"], registry=r)
+                               ["backend"], multiprocess_mode="livesum", registry=r)
+        self.backend_up = Gauge("gateway_backend_up", "1 if the backend passes health checks.", ["backend"], multiprocess_mode="mostrecent", registry=r)
         self.retries = Counter("gateway_upstream_retries", "Retries after a failure before the first byte.",
                                ["backend"], registry=r)
         self.upstream_failures = Counter("gateway_upstream_failures", "Upstream failures by kind: before the "
@@ -118,13 +126,13 @@ class Telemetry:
         self.index_skipped = Counter("gateway_index_skipped", "Prefix-index calls skipped because its circuit "
                                      "breaker was open (routed without prefix matches).", ["op"], registry=r)
         self.index_degraded = Gauge("gateway_index_degraded", "1 while the prefix index's circuit breaker is open "
-                                    "or half-open (the index is skipped), else 0.", registry=r)
+                                    "or half-open (the index is skipped), else 0.", multiprocess_mode="livemax", registry=r)
         self.index_seconds = Histogram("gateway_index_seconds", "Prefix-index call latency.", ["op"],
                                        buckets=DECISION_BUCKETS, registry=r)
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
-                                     ["model"], registry=r)
+                                     ["model"], multiprocess_mode="mostrecent", registry=r)
         self.peer_replicas = Gauge("gateway_peer_replicas", "Gateway replicas whose load this one saw at its last "
-                                   "exchange, itself included (gateway.peers; 1 without Redis).", registry=r)
+                                   "exchange, itself included (gateway.peers; 1 without Redis).", multiprocess_mode="livemax", registry=r)
         self.peer_sync_errors = Counter("gateway_peer_sync_errors", "Load exchanges with the other replicas "
                                         "that failed (Redis trouble).", registry=r)
         self.peer_replicas.set(1)
@@ -133,6 +141,7 @@ class Telemetry:
                                           ["reason"], registry=r)
 
         self._backends: dict[str, BackendSeries] = {}
+        self._functions: list[tuple[Gauge, Callable[[], float]]] = []
         self._outcomes: dict[tuple[str, str, str, str, str], object] = {}
 
     def init_backend(self, backend_id: str, kappa_crit_linear: float, *, in_flight: Callable[[], float],
@@ -143,9 +152,33 @@ class Telemetry:
         ledger changes twice per request; publishing each change cost CPU on the hot path).
         """
         self.kappa_crit_linear.labels(backend_id, "predicted").set(kappa_crit_linear)
-        self.in_flight.labels(backend_id).set_function(in_flight)
-        self.kv_demand.labels(backend_id).set_function(kv_demand_bytes)
+        self.gauge_function(self.in_flight.labels(backend_id), in_flight)
+        self.gauge_function(self.kv_demand.labels(backend_id), kv_demand_bytes)
         self.backend_up.labels(backend_id).set(0)
+
+    def gauge_function(self, child: Gauge, value: Callable[[], float]) -> None:
+        """``child`` reads ``value()``: when scraped (one process), or at each `refresh`
+        (prometheus-client's multiprocess mode, ``serve --workers``: a callback cannot cross
+        processes, so each worker writes its value every `REFRESH_INTERVAL_S`)."""
+        if MULTIPROCESS:
+            self._functions.append((child, value))
+        else:
+            child.set_function(value)
+
+    def refresh(self) -> None:
+        """Write the callback gauges' values (multiprocess mode; a no-op otherwise)."""
+        for child, value in self._functions:
+            child.set(value())
+
+    def exposition(self) -> bytes:
+        """The ``/metrics`` page: this registry, or with ``serve --workers`` every worker's
+        series combined (`prometheus_client.multiprocess.MultiProcessCollector`)."""
+        if not MULTIPROCESS:
+            return generate_latest(self.registry)
+        self.refresh()
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)
+        return generate_latest(merged)
 
     def backend(self, backend_id: str) -> BackendSeries:
         """The per-request series of one backend, resolved once (``labels()`` costs µs per call)."""

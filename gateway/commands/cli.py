@@ -47,6 +47,7 @@ def serve(
     host: Annotated[str | None, typer.Option("--host", help="listen address (default: the config's)")] = None,
     port: Annotated[int | None, typer.Option("--port", help="listen port (default: the config's)")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="critical|error|warning|info|debug|trace")] = "info",
+    workers: Annotated[int, typer.Option("--workers", min=1, help="gateway processes on the one port, each a full replica (share the Redis index and their load; gateway.commands.workers)")] = 1,
 ) -> None:
     """Run the gateway: an OpenAI-compatible proxy that routes the config's fleet by κ.
 
@@ -58,6 +59,15 @@ def serve(
 
     settings = load_config(config)
     configure_logging(log_level, json_access_log=settings.gateway.access_log_format == "json")
+    if workers > 1:
+        from gateway.commands.workers import Supervisor
+
+        if settings.index.backend != "redis":
+            logging.getLogger("kappa_gateway").warning(
+                "--workers %d with the memory index: each worker keeps its own index and load (set index.backend: "
+                "redis, or KAPPA_REDIS_URL, so they share both)", workers)
+        raise typer.Exit(Supervisor(config, host or settings.gateway.host, port or settings.gateway.port, log_level,
+                                    workers).run())
     server = GatewayServer(create_app(settings), settings, host=host or settings.gateway.host,
                            port=port or settings.gateway.port, log_level=log_level.lower(), access_log=False)
     server.run()
@@ -107,7 +117,7 @@ def sim_cmd(
     seed: Annotated[int, typer.Option("--seed", help="tie-break (and workload) seed")] = 0,
     kv_pool_gb: Annotated[float | None, typer.Option("--kv-pool-gb", help="give the fleet a shared KV pool of this many GB, > 0 (replaces the config's kv_pool)")] = None,
     gateway_replicas: Annotated[int, typer.Option("--gateway-replicas", min=1, help="gateway replicas routing the trace (a load balancer spreads requests over them)")] = 1,
-    replica_state: Annotated[str, typer.Option("--replica-state", help="local: each replica its own ledgers and in-flight chains (today's gateway); shared: one set, as read from Redis")] = "local",
+    replica_state: Annotated[str, typer.Option("--replica-state", help="local: each replica its own ledgers and in-flight chains; synced: the live design (own ledgers + the others' synced every 50 ms, chains recorded at decision); shared: one set (the ideal)")] = "local",
     index_lag_ms: Annotated[float, typer.Option("--index-lag-ms", min=0.0, help="ms from a first token to its chain being visible in the shared index")] = 0.0,
     balancer: Annotated[str, typer.Option("--balancer", help="round-robin | random: how requests reach the replicas")] = "round-robin",
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import BadRequest
@@ -57,7 +57,7 @@ async def metrics(request: Request, gw: State) -> Response:
     """Prometheus exposition; behind the admin key when ``gateway.metrics_require_admin_key``."""
     if gw.keys.metrics_protected:
         gw.keys.check_admin(request.headers)
-    return Response(generate_latest(gw.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(gw.telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 # T of the reference κ_crit figures `/v1/kappa/backends` shows per backend and link.

@@ -1,0 +1,163 @@
+"""``serve --workers N``: N gateway processes on one listening socket, each a full replica.
+
+The parent binds the socket once and starts N worker processes (``multiprocessing``'s spawn
+context, the socket passed to each, as uvicorn's own supervisor does); the kernel spreads
+connections over the workers accepting on it. Each worker is a whole gateway
+(`gateway.server.GatewayServer`): its own event loop, backend health checks and ledgers.
+With a Redis index the workers share the prefix index and exchange their load
+(`gateway.peers`) like replicas on separate machines; with the embedded memory index each
+worker has an index of its own (``serve`` warns).
+
+Signals: the parent forwards SIGTERM/SIGINT to every worker, which drains on its own
+(`gateway.server`: ``/ready`` 503, then the listener closes, then the grace period); a second
+signal skips the drains, a third forces the exits. Workers run in their own process group
+(a terminal's Ctrl-C reaches them once, through the parent) and get SIGTERM if the parent
+dies (Linux ``PR_SET_PDEATHSIG``). A worker that dies while the parent is not stopping is
+replaced, unless it died before it ever served (a start-up failure would only repeat: the
+parent then stops them all). The parent exits 0 when every worker exited 0 after a stop, else 1.
+
+Metrics: ``/metrics`` on any worker reports the sum over all of them, through
+prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a fresh directory the
+parent makes and removes; each gauge declares how workers' values combine,
+`gateway.telemetry`). A dead worker's live gauges are dropped (``mark_process_dead``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from multiprocessing.connection import wait
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from types import FrameType
+
+log = logging.getLogger("kappa_gateway.workers")
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WAIT_POLL_S = 0.5
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket the workers share (uvicorn's backlog: 2048)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's forwarded signals still stop the workers
+
+
+def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.socket, ready: Event) -> None:
+    """One worker: the gateway of ``config`` on the inherited socket (runs in a spawned process);
+    sets ``ready`` once it serves."""
+    os.setpgrp()
+    _die_with_parent()
+    from gateway.app import create_app
+    from gateway.commands.cli import configure_logging
+    from gateway.commands.typer_app import load_config
+    from gateway.server import GatewayServer
+
+    settings = load_config(Path(config))
+    configure_logging(log_level, json_access_log=settings.gateway.access_log_format == "json")
+    class Worker(GatewayServer):
+        async def startup(self, sockets: list | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                ready.set()
+
+    server = Worker(create_app(settings), settings, host=host, port=port, log_level=log_level.lower(),
+                    access_log=False)
+    server.run(sockets=[sock])
+    raise SystemExit(1 if server.forced else 0)
+
+
+class Supervisor:
+    """Starts, replaces and stops the workers (module docstring).
+
+    Args:
+        config, host, port, log_level: what each worker serves (``serve``'s options).
+        workers: how many, ≥ 1.
+    """
+
+    def __init__(self, config: Path, host: str, port: int, log_level: str, workers: int) -> None:
+        self.args = (str(config), host, port, log_level)
+        self.n = workers
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.signals = 0
+        self.sock: socket.socket | None = None
+        self.ready: dict[int | None, Event] = {}
+        self.reaped: set[int | None] = set()
+
+    def run(self) -> int:
+        """Serve until stopped; the exit status (0: every worker stopped cleanly)."""
+        metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        own_dir = metrics_dir is None
+        if own_dir:
+            metrics_dir = tempfile.mkdtemp(prefix="kappa-gateway-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by each worker at import
+        self.sock = bind(self.args[1], self.args[2])
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._forward)
+        try:
+            self.procs = [self._start() for _ in range(self.n)]
+            log.info("serving on %s:%d with %d workers (pids %s)", self.args[1], self.args[2], self.n,
+                     ", ".join(str(p.pid) for p in self.procs))
+            return self._watch()
+        finally:
+            self.sock.close()
+            if own_dir:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def _start(self) -> multiprocessing.process.BaseProcess:
+        ready = self.ctx.Event()
+        proc = self.ctx.Process(target=worker_main, args=(*self.args, self.sock, ready), name="kappa-gateway-worker")
+        proc.start()
+        self.ready[proc.pid] = ready
+        return proc
+
+    def _forward(self, sig: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        for proc in self.procs:
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, sig)
+
+    def _watch(self) -> int:
+        from prometheus_client import multiprocess
+
+        failed = False
+        while any(p.exitcode is None for p in self.procs):
+            wait([p.sentinel for p in self.procs if p.exitcode is None], timeout=WAIT_POLL_S)
+            for i, proc in enumerate(self.procs):
+                if proc.exitcode is None or proc.pid in self.reaped:
+                    continue
+                self.reaped.add(proc.pid)
+                multiprocess.mark_process_dead(proc.pid)  # its live gauges leave the sums
+                if self.signals:
+                    continue
+                if not self.ready.pop(proc.pid).is_set():
+                    log.error("worker %s exited with status %s before it served: stopping", proc.pid, proc.exitcode)
+                    failed = True
+                    self._forward(signal.SIGTERM, None)
+                    continue
+                log.error("worker %s exited with status %s: starting another", proc.pid, proc.exitcode)
+                self.procs[i] = self._start()
+        codes = [p.exitcode for p in self.procs]
+        if failed or any(code != 0 for code in codes):
+            log.warning("workers exited with statuses %s", codes)
+            return 1
+        return 0

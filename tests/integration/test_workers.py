@@ -1,0 +1,85 @@
+"""``serve --workers 2``: two gateway processes on one port, one /metrics, one clean stop.
+
+A real ``kappa-gateway serve --workers 2`` process tree on a real Redis in front of a real
+fake upstream; signals to pids this test started (the parent) or read from the gateway
+(a worker's pid, killed to see it replaced).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.commands.processes import free_port, stop_processes
+from tests.integration.gateway_support import MOCK_MODEL, backend_doc, poll, redis_index
+from tests.reliability.relay_support import REPO_ROOT, get_status
+from tests.support.fake_upstream import Script, make_app
+from tests.support.uvicorn_thread import serve_in_thread
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(120)]
+
+BODY = {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def worker_ids(url: str, n: int) -> set[str]:
+    """Replica ids answering ``n`` fresh connections (each id names its worker's pid)."""
+    ids = set()
+    for _ in range(n):
+        with httpx.Client(timeout=10) as fresh:
+            ids.add(fresh.get(f"{url}/v1/kappa/backends").json()["peers"]["replica_id"])
+    return ids
+
+
+def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url: str, key_prefix: str,
+                                                                     tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serve_in_thread(make_app(Script())) as upstream, redis_index(redis_url, key_prefix) as index:
+        config = tmp_path / "fleet.yaml"
+        config.write_text(yaml.safe_dump({"gateway": {"port": port, "shutdown_drain_delay_s": 0.5,
+                                                      "health_interval_s": 0.2},
+                                          "index": index, "backends": [backend_doc("b0", upstream)]}))
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        log = (tmp_path / "serve.log").open("wb")
+        parent = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config), "--workers", "2",
+                                   "--log-level", "warning"], cwd=REPO_ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)
+        try:
+            poll(lambda: get_status(url, "/ready") == 200, "the workers to be ready", timeout_s=40)
+            poll(lambda: metric(url, "gateway_peer_replicas") == 2, "each worker to see the other", timeout_s=20)
+            for _ in range(20):
+                with httpx.Client(timeout=10) as fresh:  # a new connection each: both workers take some
+                    assert fresh.post(f"{url}/v1/chat/completions", json=BODY).status_code == 200
+            # Whichever worker answers /metrics, it reports every worker's requests.
+            for _ in range(4):
+                assert metric(url, "gateway_requests_total", status="ok") == 20
+            def both() -> set[str] | None:
+                found = worker_ids(url, 10)
+                return found if len(found) == 2 else None
+
+            ids = poll(both, "both workers to accept connections", timeout_s=30)
+            # A worker killed outright is replaced; the port keeps serving meanwhile.
+            victim = int(sorted(ids)[0].split("-")[-2])
+            os.kill(victim, signal.SIGKILL)
+            poll(lambda: len(worker_ids(url, 10) - ids) >= 1, "a replacement worker", timeout_s=40)
+            assert httpx.post(f"{url}/v1/chat/completions", json=BODY, timeout=10).status_code == 200
+            parent.send_signal(signal.SIGTERM)
+            assert parent.wait(timeout=60) == 0  # every worker drained and exited 0
+            assert get_status(url, "/health") is None  # nothing listens any more
+        finally:
+            stop_processes([parent])
+            log.close()
