@@ -13,6 +13,9 @@ ones, as the gateway does. aiohttp is the fastest client measured on this stack 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
+import signal
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -73,14 +76,23 @@ def build_app(upstream: str) -> Starlette:
     ])
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True, help="http://127.0.0.1:PORT of the upstream")
+    parser.add_argument("--workers", type=int, default=1, help="processes accepting on the one socket (forked)")
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
     print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
+    for _ in range(args.workers - 1):  # before any event loop exists: each child serves the same socket
+        if os.fork() == 0:
+            ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # stop with the parent
+            break
     config = uvicorn.Config(build_app(args.upstream.rstrip("/")), loop="uvloop", http="httptools",
                             access_log=False, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     uvicorn.Server(config).run(sockets=[sock])

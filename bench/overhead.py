@@ -10,6 +10,8 @@ One run, all on 127.0.0.1, side by side, every server its own process:
 - ``redis``: the same with the Redis index (a ``redis-server`` started here);
 - ``redis@NAME``: with ``--compare NAME=DIR``, the Redis gateway run from another source
   tree, to measure a candidate change against ``redis`` side by side;
+- ``bare-w2``, ``redis-w2`` (only when named in ``--targets``): the bare proxy with 2 worker
+  processes, and ``kappa-gateway serve --workers 2`` on the Redis index (issue 15);
 - ``relay`` (only when named in ``--targets``): `bench/relay_only.py`, the memory-index
   gateway with its routing work memoised per distinct body — the relay and observability
   alone, the ceiling any routing code can reach on this stack.
@@ -184,12 +186,17 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
                                     f"http://127.0.0.1:{stub_ports[0]}"], stdout_pipe=True)
         targets = {"direct": stub_ports[0], "bare": _json_line(bare)["port"]}
         pids = {"direct": stub.pid, "bare": bare.pid}
+        if "bare-w2" in args.targets:
+            bare2 = procs.start("bare-w2", [py, str(BENCH_DIR / "bare_proxy.py"), "--workers", "2", "--upstream",
+                                            f"http://127.0.0.1:{stub_ports[0]}"], stdout_pipe=True)
+            targets["bare-w2"], pids["bare-w2"] = _json_line(bare2)["port"], bare2.pid
         redis_port = free_port()
         procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind",
                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)])
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         gateways = [("memory", None, None), ("redis", redis_url, None)]
         gateways += [("relay", None, None)] if "relay" in args.targets else []
+        gateways += [("redis-w2", redis_url, None)] if "redis-w2" in args.targets else []
         gateways += [(f"redis@{name}", redis_url, tree) for name, tree in args.compare]
         for name, url, tree in gateways:
             port = free_port()
@@ -198,12 +205,15 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
             # `python -m` puts its working directory first on sys.path: the tree under test wins.
             env = {"PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))}
             entry = [str(BENCH_DIR / "relay_only.py")] if name == "relay" else ["-m", "gateway"]
+            workers = ["--workers", "2"] if name.endswith("-w2") else []
             gateway = procs.start(name, [py, *entry, "serve", "--config", str(config), "--log-level",
-                                         "warning"], env, cwd=Path(tree) if tree else BENCH_DIR.parent)
+                                         "warning", *workers], env, cwd=Path(tree) if tree else BENCH_DIR.parent)
             pids[name] = gateway.pid
             targets[name] = port
         wait_ready(stub_ports[-1], "/health", procs, "stub")
         wait_ready(targets["bare"], "/health", procs, "bare")
+        if "bare-w2" in targets:
+            wait_ready(targets["bare-w2"], "/health", procs, "bare-w2")
         for name, *_ in gateways:
             wait_ready(targets[name], "/ready", procs, name)
         yield {t: (p, pids[t]) for t, p in targets.items() if t in args.targets or "@" in t}
@@ -245,9 +255,16 @@ def run_load(port: int, bodies_file: Path, concurrency: int, cell_s: float) -> d
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
+    """User + system CPU seconds a process and its live descendants have used (Linux /proc):
+    a ``--workers`` target's CPU is its workers'."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    total += cpu_s(int(child))
+    return total
 
 
 def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], workdir: Path) -> list[dict]:

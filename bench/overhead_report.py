@@ -50,6 +50,9 @@ def derive(cell: list[dict]) -> None:
         if "bare" in by:
             row["throughput_ratio_vs_bare"] = row["rps"] / by["bare"]["rps"]
             row["cpu_ratio_vs_bare"] = row["cpu_ms_per_request"] / by["bare"]["cpu_ms_per_request"]
+        one = {"redis-w2": "redis", "bare-w2": "bare"}.get(row["target"])
+        if one in by:  # 2 worker processes against 1, same cell (issue 15)
+            row["throughput_ratio_vs_one_worker"] = row["rps"] / by[one]["rps"]
 
 
 COLUMNS = ("size", "stream", "concurrency", "target", "p50_ms", "p99_ms", "rps", "added_p50_ms_vs_direct",
@@ -92,6 +95,8 @@ def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -
                 name = "routing_decision" if key == "decision" else key
                 out[f"{name}_p50_ms_{target}"] = bucket_p50_ms(final[target].get(key, {}))
             out[f"index_errors_{target}"] = final[target].get("index_errors", {})
+    for target in ("redis-w2", "bare-w2"):
+        out[f"throughput_ratio_vs_one_worker_{target}"] = cell("8k", 32, target).get("throughput_ratio_vs_one_worker")
     out = {k: v for k, v in out.items() if v is not None}
     verdict = {}
     for key, (op, limit) in BUDGET.items():

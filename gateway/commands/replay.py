@@ -223,7 +223,7 @@ def _progress_bar(enabled: bool) -> Progress:
 async def replay(
     requests: Sequence[TraceRequest],
     *,
-    url: str,
+    url: str | Sequence[str],
     model: str,
     speedup: float = 1.0,
     concurrency: int = DEFAULT_CONCURRENCY,
@@ -235,7 +235,9 @@ async def replay(
 
     Args:
         requests: the trace; sent in arrival order.
-        url: the server's base URL (``http://host:port``, an optional ``/v1`` is accepted).
+        url: the server's base URL (``http://host:port``, an optional ``/v1`` is accepted), or
+            several (gateway replicas): request ``i`` goes to ``url[i % len(url)]``, round-robin
+            in trace order, as a load balancer in front of them would spread them.
         model: the ``model`` field of every request.
         speedup: trace seconds per wall second, > 0 (10 = ten times faster than recorded).
         concurrency: most requests in flight at once, ≥ 1; also the connection pool size.
@@ -251,7 +253,8 @@ async def replay(
     """
     if speedup <= 0 or concurrency < 1:
         raise ValueError(f"need speedup > 0 and concurrency ≥ 1, got {speedup}, {concurrency}")
-    endpoint = f"{api_base(url)}/v1/chat/completions"
+    urls = [url] if isinstance(url, str) else list(url)
+    endpoints = [f"{api_base(u)}/v1/chat/completions" for u in urls]
     run_id = uuid.uuid4().hex[:8]
     loop = asyncio.get_running_loop()
     now = loop.time
@@ -268,7 +271,8 @@ async def replay(
             sent = now()
             result = RequestResult(index=index, arrival_s=req.arrival_s, sent_s=sent - start,
                                    queue_wait_s=queue_wait_s)
-            await _send(session, endpoint, body, f"replay-{run_id}-{index}", result, now, sent, timeout_s)
+            await _send(session, endpoints[index % len(endpoints)], body, f"replay-{run_id}-{index}", result, now,
+                        sent, timeout_s)
         finally:
             slots.release()
         results[index] = result
