@@ -29,6 +29,8 @@ class Ledger:
         peer_in_flight, peer_kv_demand_bytes, peer_outstanding_prefill_s: the same charges of
             the other gateway replicas, as last synced (`gateway.peers`); 0 with one gateway.
             Routing sees own + peer (`total_*`); tickets change only the own figures.
+        on_change: called after a ticket changed the own figures (the gateway publishes them
+            to its peers, `gateway.peers`); None: nobody listens.
     """
 
     in_flight: int = 0
@@ -38,6 +40,7 @@ class Ledger:
     peer_in_flight: int = 0
     peer_kv_demand_bytes: float = 0.0
     peer_outstanding_prefill_s: float = 0.0
+    on_change: Callable[[], None] | None = None
 
     @property
     def total_in_flight(self) -> int:
@@ -72,6 +75,8 @@ class Ticket:
         ledger.in_flight += 1
         ledger.kv_demand_bytes += kv_bytes
         ledger.outstanding_prefill_s += prefill_s
+        if ledger.on_change is not None:
+            ledger.on_change()
 
     @property
     def finished(self) -> bool:
@@ -82,6 +87,8 @@ class Ticket:
         if not self._first:
             self._first = True
             self.ledger.outstanding_prefill_s = max(self.ledger.outstanding_prefill_s - self.prefill_s, 0.0)
+            if self.ledger.on_change is not None:
+                self.ledger.on_change()
 
     def finish(self) -> None:
         """The request ended: release everything it holds."""
@@ -91,5 +98,7 @@ class Ticket:
         self._done = True
         self.ledger.in_flight -= 1
         self.ledger.kv_demand_bytes = max(self.ledger.kv_demand_bytes - self.kv_bytes, 0.0)
+        if self.ledger.on_change is not None:
+            self.ledger.on_change()
         if self._on_finish is not None:
             self._on_finish()

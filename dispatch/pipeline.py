@@ -144,6 +144,9 @@ class Dispatcher:
         # Set by a gateway whose replicas share load (gateway.peers): chains are recorded in the
         # index when sent, so index credit may be a prefill still running (own or a peer's).
         self.records_at_decision = False
+        # Set by a gateway whose replicas share load: refreshes the targets' ``peer_*`` figures
+        # (`gateway.peers`), awaited together with the index match, so both cost one round trip.
+        self.peer_load: Callable[[], Awaitable[None]] | None = None
         self.evidence = CachedTokensEvidence()  # answers' cached_tokens against the index's credit
         self.forget_epoch = 0  # forgets so far (backends and pool)
         self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
@@ -187,7 +190,10 @@ class Dispatcher:
         capacities = {t.id: self.capacity(t, model) for t in targets}
         kv_pool = self.kv_pool_capacity(targets[0], model) if targets else None
         lookup = capacities if kv_pool is None else {**capacities, KV_POOL_ID: kv_pool}
-        matches, index_ok = await self._match(request, lookup)
+        if self.peer_load is not None:
+            (matches, index_ok), _ = await self.gather(self._match(request, lookup), self.peer_load())
+        else:
+            matches, index_ok = await self._match(request, lookup)
         matches = self.pending.overlay(model, request.hashes, matches, lookup)
         if kv_pool is not None:
             matches = with_kv_pool(matches, capacities)

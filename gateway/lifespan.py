@@ -69,13 +69,10 @@ def open_peers(settings: Settings, states: list[BackendState], telemetry: Teleme
     cfg = settings.index
     assert cfg.redis_url is not None  # validated by IndexSection
 
-    def synced(replicas: int, ok: bool) -> None:
-        telemetry.peer_replicas.set(replicas)
-        if not ok:
-            telemetry.peer_sync_errors.inc()
-
     client = redis.Redis.from_url(cfg.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-    return PeerLoad(client, cfg.key_prefix, states, sync_interval_s=cfg.load_sync_interval_s, on_sync=synced)
+    return PeerLoad(client, cfg.key_prefix, states, sync_interval_s=cfg.load_sync_interval_s,
+                    read_timeout_s=cfg.timeout_s, on_sync=telemetry.peer_replicas.set,
+                    on_error=telemetry.peer_sync_errors.inc)
 
 
 @asynccontextmanager
@@ -119,6 +116,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         if settings.index.backend == "redis" and settings.index.share_load:
             state.peers = open_peers(settings, states, telemetry)
             routing.dispatcher.records_at_decision = True
+            routing.dispatcher.peer_load = state.peers.refresh
             state.peers.start()
             stack.push_async_callback(state.peers.client.aclose)
             stack.push_async_callback(state.peers.stop)

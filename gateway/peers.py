@@ -6,10 +6,17 @@ in-flight count, KV demand and queued prefill seconds, and κ routing would pile
 backends the others already loaded (measured in the simulator: ``bench/replicas.py``,
 ``--replica-state local`` vs ``synced``). So, through the Redis the index already uses:
 
-- every ``sync_interval_s`` (default 50 ms), off the request path, a replica writes its own
-  per-backend totals to its hash ``P:{peers}:r:<replica id>`` with a lease (``PEXPIRE``,
-  ``lease_s``), adds its id to ``P:{peers}:members``, then reads every other member's hash
-  and sets each backend ledger's ``peer_*`` figures to their sum (`dispatch.Ledger`);
+- a replica writes its own per-backend totals to its hash ``P:{peers}:r:<replica id>`` with a
+  lease (``PEXPIRE``) whenever a ticket changes them (one write per event-loop turn, however
+  many changed: `changed`), and every ``sync_interval_s`` (default 50 ms) off the request path,
+  when it also renews its membership in ``P:{peers}:members`` and re-reads the member list;
+- every routing decision reads the other members' hashes (`refresh`, one pipelined round trip
+  that the dispatcher awaits together with the index match, so a decision costs no extra
+  latency; concurrent decisions share one read) and sets each backend ledger's ``peer_*``
+  figures to their sum (`dispatch.Ledger`). Measured in the simulator (``bench/replicas.py``),
+  reading at each decision matters: Mooncake's bursts arrive within the same millisecond, and
+  a 50 ms-old view let two replicas pile a burst onto one backend (κ p90 1.21× one gateway's
+  at N = 2, against 0.97× when read per decision);
 - a replica that stops (crash, kill -9) stops renewing its lease: its hash expires and its
   charges vanish from the others' view within ``lease_s``; readers drop expired members;
 - the chains of requests in flight reach the other replicas through the index itself: with
@@ -17,11 +24,12 @@ backends the others already loaded (measured in the simulator: ``bench/replicas.
   (`gateway.attempts`), so another replica routes a question about a document whose prefill
   is still running to where it runs.
 
-Consistency: eventual. A replica sees the others' load as of their last publication (at
-most ``sync_interval_s`` plus one round trip old), its own exactly. No request waits on
-this exchange; Redis trouble leaves the last figures in place until their lease would have
-run out, then zeroes them (each replica falls back to its own view), counted in
-``gateway_peer_sync_errors_total``. The ``{peers}`` hash tag keeps every key of the
+Consistency: eventual. A replica sees the others' load as of their last write — about one
+round trip old — and its own exactly. A decision waits for the read at most the index's
+``timeout_s`` (it runs beside the match, which takes as long); a read that fails or is late
+leaves the last figures in place. Redis trouble leaves them in place until their lease would
+have run out, then zeroes them (each replica falls back to its own view); failures are
+counted in ``gateway_peer_sync_errors_total``. The ``{peers}`` hash tag keeps every key of the
 exchange in one Redis Cluster slot.
 """
 
@@ -63,28 +71,89 @@ class PeerLoad:
         key_prefix: the index's key prefix.
         targets: this replica's backends (their ledgers are read and their ``peer_*`` set).
         sync_interval_s: seconds between exchanges, > 0.
-        on_sync: called after each exchange with (replicas seen, ok).
+        read_timeout_s: the longest a decision waits for the others' figures (the index's timeout).
+        on_sync: called after each periodic exchange with the replicas seen (itself included).
+        on_error: called once per failed write, read or exchange.
     """
 
     def __init__(self, client: redis.Redis, key_prefix: str, targets: Sequence[Target], *,
-                 sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S,
-                 on_sync: Callable[[int, bool], None] | None = None) -> None:
+                 sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S, read_timeout_s: float = 0.05,
+                 on_sync: Callable[[int], None] | None = None, on_error: Callable[[], None] | None = None) -> None:
         self.client, self.targets = client, list(targets)
+        self.read_timeout_s = read_timeout_s
+        self._others: list[str] = []  # the other members, as of the last membership read
+        self._reading: asyncio.Future[None] | None = None
+        self._publish_pending = False
+        self.errors = 0
         self.id = replica_id()
         self.interval_s = sync_interval_s
         self.lease_ms = max(int(sync_interval_s * LEASE_INTERVALS * 1000), 1000)
         self.members_key = f"{key_prefix}:{{peers}}:members"
         self._prefix = f"{key_prefix}:{{peers}}:r:"
         self.replicas_seen = 1
-        self._on_sync = on_sync
+        self._on_sync, self._on_error = on_sync, on_error
+        self._publishing: set[asyncio.Future[None]] = set()
         self._last_ok_s: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        for t in self.targets:
+            t.ledger.on_change = self.changed
         self._task = asyncio.create_task(self._run(), name="gateway-peer-load")
+
+    # -- on the request path ------------------------------------------------------------------
+    def changed(self) -> None:
+        """A ticket changed this replica's figures: publish them at the end of this loop turn."""
+        if not self._publish_pending:
+            self._publish_pending = True
+            asyncio.get_running_loop().call_soon(self._publish_now)
+
+    def _publish_now(self) -> None:
+        self._publish_pending = False
+        task = asyncio.ensure_future(self._publish())
+        self._publishing.add(task)
+        task.add_done_callback(self._publish_done)
+
+    async def _publish(self) -> None:
+        key = self._prefix + self.id
+        async with asyncio.timeout(1.0):
+            await self.client.pipeline(transaction=False).hset(
+                key, mapping={t.id: _pack(t) for t in self.targets}).pexpire(key, self.lease_ms).execute()
+
+    def _publish_done(self, task: asyncio.Future[None]) -> None:
+        self._publishing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._failed(task.exception())
+
+    async def refresh(self) -> None:
+        """Read the other replicas' figures now (concurrent callers share one read); never raises,
+        waits at most ``read_timeout_s`` (a late or failed read leaves the last figures)."""
+        if not self._others:
+            return
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read(list(self._others)))
+            self._reading.add_done_callback(self._read_done)
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                await asyncio.shield(self._reading)
+        except Exception:  # noqa: BLE001 -- never the request's failure; counted once, by _read_done
+            pass
+
+    def _read_done(self, future: asyncio.Future[None]) -> None:
+        self._reading = None
+        if not future.cancelled() and future.exception() is not None:
+            self._failed(future.exception())
+
+    def _failed(self, exc: BaseException | None) -> None:
+        self.errors += 1
+        if self._on_error is not None:
+            self._on_error()
+        log.debug("peer load exchange failed: %r", exc)
 
     async def stop(self) -> None:
         """Stop exchanging and withdraw this replica's figures (a clean stop needs no lease to run out)."""
+        for t in self.targets:
+            t.ledger.on_change = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -99,22 +168,21 @@ class PeerLoad:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            ok = True
             try:
                 async with asyncio.timeout(max(self.interval_s * 4, 0.5)):
                     await self.sync()
                 self._last_ok_s = started
             except (RedisError, OSError, TimeoutError) as exc:
-                ok = False
                 if self._last_ok_s is None or started - self._last_ok_s > self.lease_ms / 1000:
                     self._clear()  # the others' figures are older than their lease: fall back to our own
-                log.debug("peer load exchange failed: %r", exc)
+                self._failed(exc)
             if self._on_sync is not None:
-                self._on_sync(self.replicas_seen, ok)
+                self._on_sync(self.replicas_seen)
             await asyncio.sleep(max(self.interval_s - (loop.time() - started), 0.0))
 
     async def sync(self) -> None:
-        """One exchange: publish ours, read the others', set ``peer_*`` (raises RedisError)."""
+        """The periodic exchange: publish ours, renew membership, read the member list and the
+        others' figures, set ``peer_*`` (raises RedisError)."""
         own = {t.id: _pack(t) for t in self.targets}
         key = self._prefix + self.id
         pipe = self.client.pipeline(transaction=False)
@@ -122,7 +190,11 @@ class PeerLoad:
         pipe.smembers(self.members_key)
         *_, members = await pipe.execute()
         others = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
-        others = [m for m in others if m != self.id]
+        self._others = [m for m in others if m != self.id]
+        await self._read(self._others)
+
+    async def _read(self, others: list[str]) -> None:
+        """Read ``others``' figures and set ``peer_*``; drop members whose lease ran out."""
         pipe = self.client.pipeline(transaction=False)
         for member in others:
             pipe.hgetall(self._prefix + member)
@@ -140,6 +212,7 @@ class PeerLoad:
                 for i, value in enumerate((packed.decode() if isinstance(packed, bytes) else packed).split()):
                     row[i] += float(value)
         if gone:
+            self._others = [m for m in self._others if m not in gone]
             await self.client.srem(self.members_key, *gone)
         for t in self.targets:
             in_flight, kv, prefill = sums[t.id]

@@ -51,7 +51,9 @@ class Topology:
         index_lag_s: seconds from a record (first token; decision when ``synced``) to its chain
             being visible in the index, ≥ 0.
         balancer: how requests are spread over replicas.
-        sync_interval_s: ``synced`` state: seconds between two exchanges of ledger totals, > 0.
+        sync_interval_s: ``synced`` state: seconds between two exchanges of ledger totals, ≥ 0
+            (0: every decision reads the others' totals as they are, as a read in the decision's
+            own Redis round trip would).
     """
 
     replicas: int = 1
@@ -69,8 +71,8 @@ class Topology:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.index_lag_s < 0:
             raise ValueError(f"index_lag_s must be >= 0, got {self.index_lag_s}")
-        if self.sync_interval_s <= 0:
-            raise ValueError(f"sync_interval_s must be > 0, got {self.sync_interval_s}")
+        if self.sync_interval_s < 0:
+            raise ValueError(f"sync_interval_s must be >= 0, got {self.sync_interval_s}")
         if self.state not in ("local", "shared", "synced") or self.balancer not in ("round-robin", "random"):
             raise ValueError(f"unknown state {self.state!r} or balancer {self.balancer!r}")
 

@@ -304,10 +304,11 @@ class Simulator:
         """Route one request and hand it to the chosen engine; its backend's position, or None."""
         request = RoutableRequest(self.model, req.hashes, req.prompt_bytes, req.max_tokens)
         replica = self._replicas[self._spreader.pick()]
-        if self.topology.state == "synced" and now >= self._next_sync_s:
+        if self.topology.state == "synced" and (now >= self._next_sync_s or not self.topology.sync_interval_s):
             sync_peers(self._replicas)  # the state as of now, at most one sync interval late
             every = self.topology.sync_interval_s
-            self._next_sync_s = self._t0 + (math.floor((now - self._t0) / every) + 1) * every
+            if every:
+                self._next_sync_s = self._t0 + (math.floor((now - self._t0) / every) + 1) * every
         plan = run_now(replica.dispatch.plan(request, replica.targets))
         if self.observer is not None:
             self.observer(DecisionEvent(now, req.index, plan.features, plan.views, plan.decision))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import yaml
 
 from gateway.commands.processes import free_port, stop_processes
@@ -119,3 +120,30 @@ def test_a_killed_replicas_load_vanishes_with_its_lease(redis_url: str, key_pref
             assert b.http.get("/v1/kappa/backends").json()["peers"]["replicas_seen"] == 1
         finally:
             stop_processes([proc])
+
+
+def test_a_decision_reads_the_others_latest_charges_not_the_last_periodic_exchange(redis_url: str,
+                                                                                   key_prefix: str) -> None:
+    """Mooncake's bursts arrive within a millisecond: a replica must see a charge the other made
+    a moment ago (written when made, read by the decision), not one periodic exchange later."""
+    hang = Script(mode="hang")
+    with ExitStack() as stack:
+        (url,) = stack.enter_context(run_fakes([hang]))
+        index = stack.enter_context(redis_index(redis_url, key_prefix))
+        index["load_sync_interval_s"] = 30.0  # the periodic exchange cannot explain what follows
+        a = stack.enter_context(run_gateway([backend_doc("x", url)], index=index,
+                                            gateway={"upstream_first_byte_timeout_s": 4}))
+        members = stack.enter_context(redis.Redis.from_url(redis_url))
+        poll(lambda: members.scard(f"{key_prefix}:{{peers}}:members") == 1, "A to join before B starts")
+        b = stack.enter_context(run_gateway([backend_doc("x", url)], index=index))
+        assert b.http.get("/v1/kappa/backends").json()["peers"]["replicas_seen"] == 2  # B's first exchange saw A
+        threads = hold(a.url, 2)
+        poll(lambda: len(hang.received) == 2, "A's requests to reach x")
+
+        def seen_by_b_decision() -> int:
+            b.http.post("/v1/kappa/route", json=chat("another"))  # a decision: reads the peers' figures
+            return backends_of(b.http)["x"]["peer_in_flight"]
+
+        poll(lambda: seen_by_b_decision() == 2, "B's next decision to see A's two charges", timeout_s=2)
+        for t in threads:
+            t.join()
