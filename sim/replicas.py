@@ -10,11 +10,11 @@ on one shared Redis index. What each replica then knows is the question (issue: 
 - ``shared`` state: the replicas read one set of ledgers and one in-flight set, as if each
   decision read them from Redis at no delay: the ideal any sharing design approaches;
 - ``synced`` state (the live gateway's design, `gateway.peers`): each replica keeps its own
-  ledgers and adds the others' totals as last synced, every ``sync_interval_s`` (a background
-  exchange through Redis, no round trip on the request path); and each replica records a
-  request's chain in the shared index at decision time (not at its first token), so the
-  other replicas see prefills in flight through the index itself, ``index_lag_s`` later.
-  Between syncs a replica sees the others' load as it was at the last sync.
+  ledgers and adds the others' totals, read at each decision (in the index match's round
+  trip; writes are modelled as instant) or, with ``sync_interval_s`` > 0, as last exchanged
+  on that period; and each replica records a request's chain in the shared index at decision
+  time (not at its first token), so the other replicas see prefills in flight through the
+  index itself, ``index_lag_s`` later.
 
 Calibration, policy state (round-robin's turn) and tie-breaks are per replica in every state.
 
@@ -60,7 +60,7 @@ class Topology:
     state: ReplicaState = "local"
     index_lag_s: float = 0.0
     balancer: Balancer = "round-robin"
-    sync_interval_s: float = 0.05
+    sync_interval_s: float = 0.0
 
     @property
     def record_at_decision(self) -> bool:
