@@ -117,8 +117,8 @@ def sim_cmd(
     seed: Annotated[int, typer.Option("--seed", help="tie-break (and workload) seed")] = 0,
     kv_pool_gb: Annotated[float | None, typer.Option("--kv-pool-gb", help="give the fleet a shared KV pool of this many GB, > 0 (replaces the config's kv_pool)")] = None,
     gateway_replicas: Annotated[int, typer.Option("--gateway-replicas", min=1, help="gateway replicas routing the trace (a load balancer spreads requests over them)")] = 1,
-    replica_state: Annotated[str, typer.Option("--replica-state", help="local: each replica its own ledgers and in-flight chains; synced: the live design (own ledgers + the others' synced every 50 ms, chains recorded at decision); shared: one set (the ideal)")] = "local",
-    index_lag_ms: Annotated[float, typer.Option("--index-lag-ms", min=0.0, help="ms from a first token to its chain being visible in the shared index")] = 0.0,
+    replica_state: Annotated[str, typer.Option("--replica-state", help="synced: as the gateway shares its load through Redis (own ledgers + the others' read at each decision, chains recorded when sent); local: each replica alone; shared: one ledger set (the ideal)")] = "synced",
+    index_lag_ms: Annotated[float, typer.Option("--index-lag-ms", min=0.0, help="ms from a record to its chain being visible in the shared index (a Redis write's round trip)")] = 1.0,
     balancer: Annotated[str, typer.Option("--balancer", help="round-robin | random: how requests reach the replicas")] = "round-robin",
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
