@@ -60,7 +60,8 @@ VALID = {
 MAX_PROBLEMS = 5
 
 
-def gateway_config(port: int, backend_ports: list[int], redis_url: str) -> dict:
+def gateway_config(port: int, backend_ports: list[int], redis_url: str, stub_port: int | None = None) -> dict:
+    """The gateway's config; ``stub_port`` (`faults_fleet.Fleet`'s probe stub) is not used here."""
     return {"gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 0.5, "scrape_interval_s": 1.0,
                         "shutdown_drain_delay_s": 0, "graceful_shutdown_timeout_s": 2},
             "index": {"backend": "redis", "redis_url": redis_url, "key_prefix": "fuzz"},
