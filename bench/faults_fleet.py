@@ -189,12 +189,13 @@ class Fleet:
             return resp.status == 200
 
     async def wait_whole(self) -> None:
-        """Until Redis answers and the gateway reports every backend (and the probe's stub) healthy."""
+        """Until Redis answers and the gateway reports every configured backend (the probe's stub, when
+        the config lists it) healthy."""
         async def whole() -> bool:
             if not await redis_pings(self.redis_port):
                 return False
             async with self.http.get(self.url + "/v1/kappa/backends") as resp:
-                return sum(b["healthy"] for b in (await resp.json())["backends"]) == self.n_backends + 1
+                return sum(b["healthy"] for b in (await resp.json())["backends"]) == len(self.config["backends"])
         await self.wait_process("gateway", whole)
 
     async def counters(self) -> dict[str, float] | None:
