@@ -11,9 +11,7 @@ Imports none of the project's packages (STYLE.md B2).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support.redis_server import POLL_INTERVAL_S, free_port
+from tests.support.redis_server import POLL_INTERVAL_S, free_port, stop_process
 
 READY_TIMEOUT_S = 15.0
 CREATE_TIMEOUT_S = 30.0
@@ -92,17 +90,6 @@ def _poll(condition, what: str, nodes: list[ClusterNode], timeout_s: float) -> N
         time.sleep(POLL_INTERVAL_S)  # poll interval, not a readiness guess
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)  # a stopped node cannot act on SIGTERM
-        proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @contextmanager
 def redis_cluster(workdir: Path, masters: int = 3) -> Iterator[RedisCluster]:
     """Run a ``masters``-node Redis Cluster under ``workdir``; yield it once every node says
@@ -128,7 +115,7 @@ def redis_cluster(workdir: Path, masters: int = 3) -> Iterator[RedisCluster]:
                  "--cluster-config-file", str(node_dir / "nodes.conf")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
-            stack.callback(_stop, proc)
+            stack.callback(stop_process, proc)
             nodes.append(ClusterNode(port, bus_port, proc))
         _poll(lambda: all(_ping(n.port) for n in nodes), "the nodes to answer PING", nodes, READY_TIMEOUT_S)
         subprocess.run(["redis-cli", "--cluster", "create", *(n.address for n in nodes), "--cluster-replicas", "0",
