@@ -24,7 +24,7 @@ from fleet_config import default_catalog
 from mock_vllm.app_factory import build_backend_app, standalone_settings
 from prefix_index import RedisPrefixIndex, TierCapacity
 from prometheus_client import CollectorRegistry
-from tests.integration.gateway_support import backend_doc, poll, run_fakes, run_gateway
+from tests.integration.gateway_support import Gateway, backend_doc, poll, run_fakes, run_gateway
 from tests.support.fake_upstream import Script
 from tests.support.redis_cluster import RedisCluster
 from tests.support.redis_server import frozen
@@ -238,7 +238,7 @@ def test_a_frozen_shard_opens_the_breaker_and_requests_are_still_served(redis_cl
         assert gw.metric("gateway_index_degraded") == 0
 
 
-def _backend(gw, backend_id: str) -> dict:
+def _backend(gw: Gateway, backend_id: str) -> dict:
     return next(x for x in gw.http.get("/v1/kappa/backends").json()["backends"] if x["id"] == backend_id)
 
 
