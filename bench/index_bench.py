@@ -15,6 +15,9 @@ Redis: ``--redis-url``, or a throw-away ``redis-server`` started here on a free 
 port (``--save "" --appendonly no``), polled with PING and stopped by its pid at the end.
 
     python bench/index_bench.py [--redis-url redis://127.0.0.1:6379/0] [--json]
+
+``--redis-url`` takes every form the gateway's ``index.redis_url`` does, a Redis Cluster's
+``redis+cluster://host:port,...`` included (`prefix_index.redis_connect`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
-import redis.asyncio as aredis
 from rich.console import Console
 from rich.table import Table
 
@@ -54,6 +56,7 @@ from prefix_index import (
     chain_seed,
     chat_canonical_bytes,
 )
+from prefix_index.redis_connect import connect
 
 MODEL = "llama-3.1-8b-instruct"
 N_BACKENDS = 8
@@ -157,13 +160,13 @@ async def run_all(redis_url: str) -> list[dict[str, Any]]:
 
 async def delete_keys(redis_url: str, prefix: str) -> None:
     """Remove this run's keys (blocks, clocks, registry) from the Redis it used."""
-    client = aredis.Redis.from_url(redis_url)
+    connection = connect(redis_url)  # any redis_url form: a cluster client scans every primary
     try:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        keys = [key async for key in connection.client.scan_iter(match=f"{prefix}:*", count=1000)]
         if keys:
-            await client.delete(*keys)
+            await connection.client.delete(*keys)
     finally:
-        await client.aclose()
+        await connection.aclose()
 
 
 @contextmanager

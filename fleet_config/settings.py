@@ -34,6 +34,7 @@ from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
 from prefix_index.breaker import DEFAULT_FAILURE_THRESHOLD, DEFAULT_MAX_OPEN_S, DEFAULT_OPEN_S
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
+from prefix_index.redis_connect import parse_redis_url
 from prefix_index.redis_index import DEFAULT_KEY_TTL_S
 from router.cost import BackendSpec, kv_pool_link_gb_s
 from router.policies import POLICY_NAMES, PolicyConfigError, build_policy
@@ -115,6 +116,9 @@ class IndexSection(_Strict):
     when written; the circuit breaker (`prefix_index.breaker`) opens after
     ``breaker_failures`` consecutive failed matches, skips the index ``breaker_open_s``,
     then probes once, doubling the wait after each failed probe up to ``breaker_max_open_s``.
+    ``redis_url``'s scheme says what kind of Redis it is (`prefix_index.redis_connect`):
+    ``redis://``/``rediss://``/``unix://`` one server, ``redis+cluster://h:p,h:p`` a Redis
+    Cluster, ``redis+sentinel://h:26379,h:26379/service[/db]`` the master a Sentinel set names.
     """
 
     backend: Literal["memory", "redis"] = "memory"
@@ -131,6 +135,13 @@ class IndexSection(_Strict):
     # record a request's chain when it is sent (gateway.peers); false: each replica alone.
     share_load: bool = True
     load_sync_interval_s: float = Field(default=0.05, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_parses(cls, url: str | None) -> str | None:
+        if url is not None:
+            parse_redis_url(url)  # its ValueError names the forms it takes
+        return url
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> IndexSection:

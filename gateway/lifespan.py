@@ -1,6 +1,7 @@
 """The composition root: opens the upstream client, the index, the backend set, in order; closes in reverse.
 
-Redis is used when the config's ``index.backend`` is ``redis`` (``KAPPA_REDIS_URL`` sets it),
+Redis is used when the config's ``index.backend`` is ``redis`` (``KAPPA_REDIS_URL`` sets it; one
+server, a Cluster or a Sentinel set, by the URL's scheme: `prefix_index.redis_connect`),
 behind a circuit breaker (`prefix_index.breaker`) whose state the ``gateway_index_degraded``
 gauge reads; otherwise the embedded in-memory index.
 """
@@ -16,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
-import redis.asyncio as redis
 
 from gateway.backends import BackendSet, BackendState
 from gateway.peers import PeerLoad
@@ -33,6 +33,7 @@ from prefix_index import (
     PrefixIndexError,
     RedisPrefixIndex,
 )
+from prefix_index.redis_connect import RedisConnection, connect, redact_url
 from router.calibration import BytesPerToken
 from router.policies import build_policy
 from router.profiles import Catalog
@@ -64,15 +65,17 @@ async def _cancel(task: asyncio.Task) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def open_peers(settings: Settings, states: list[BackendState], telemetry: Telemetry) -> PeerLoad:
-    """The load exchange with the other replicas on the index's Redis (`gateway.peers`)."""
+def open_peers(settings: Settings, states: list[BackendState],
+               telemetry: Telemetry) -> tuple[PeerLoad, RedisConnection]:
+    """The load exchange with the other replicas on the index's Redis (`gateway.peers`), and
+    its own client on that Redis (any ``redis_url`` form, `prefix_index.redis_connect`), for the caller to close."""
     cfg = settings.index
     assert cfg.redis_url is not None  # validated by IndexSection
-
-    client = redis.Redis.from_url(cfg.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-    return PeerLoad(client, cfg.key_prefix, states, sync_interval_s=cfg.load_sync_interval_s,
-                    read_timeout_s=cfg.timeout_s, on_sync=telemetry.peer_replicas.set,
-                    on_error=telemetry.peer_sync_errors.inc)
+    connection = connect(cfg.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    peers = PeerLoad(connection.client, cfg.key_prefix, states, sync_interval_s=cfg.load_sync_interval_s,
+                     read_timeout_s=cfg.timeout_s, on_sync=telemetry.peer_replicas.set,
+                     on_error=telemetry.peer_sync_errors.inc)
+    return peers, connection
 
 
 @asynccontextmanager
@@ -93,7 +96,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
                 await index.stats()
             except PrefixIndexError as exc:
                 log.warning("Redis index at %s unreachable at start-up (%s): serving without prefix matches until "
-                            "it answers", settings.index.redis_url, exc)
+                            "it answers", redact_url(settings.index.redis_url or ""), exc)
         states = [BackendState.of(b, settings.backend_spec(catalog, b)) for b in settings.backends]
         routing: RoutingService | None = None
 
@@ -114,11 +117,11 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
             refresher = asyncio.create_task(_refresh_gauges(telemetry), name="gateway-metrics-refresh")
             stack.push_async_callback(_cancel, refresher)
         if settings.index.backend == "redis" and settings.index.share_load:
-            state.peers = open_peers(settings, states, telemetry)
+            state.peers, peer_redis = open_peers(settings, states, telemetry)
             routing.dispatcher.records_at_decision = True
             routing.dispatcher.peer_load = state.peers.refresh
             state.peers.start()
-            stack.push_async_callback(state.peers.client.aclose)
+            stack.push_async_callback(peer_redis.aclose)
             stack.push_async_callback(state.peers.stop)
         stack.push_async_callback(state.drain)
         healthy = sum(s.healthy for s in states)

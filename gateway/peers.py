@@ -30,7 +30,8 @@ round trip old — and its own exactly. A decision waits for the read at most th
 leaves the last figures in place. Redis trouble leaves them in place until their lease would
 have run out, then zeroes them (each replica falls back to its own view); failures are
 counted in ``gateway_peer_sync_errors_total``. The ``{peers}`` hash tag keeps every key of the
-exchange in one Redis Cluster slot.
+exchange in one Redis Cluster slot, so each pipeline goes to one shard
+(``tests/integration/test_redis_cluster.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 import redis.asyncio as redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from dispatch import Target
@@ -67,7 +69,8 @@ class PeerLoad:
     """The exchange (module docstring). Owns nothing but its Redis client.
 
     Args:
-        client: a redis-py asyncio client (the index's Redis).
+        client: a redis-py asyncio client on the index's Redis: ``Redis`` (one server, or a
+            Sentinel set's master) or ``RedisCluster`` (`prefix_index.redis_connect`).
         key_prefix: the index's key prefix.
         targets: this replica's backends (their ledgers are read and their ``peer_*`` set).
         sync_interval_s: seconds between exchanges, > 0.
@@ -76,7 +79,7 @@ class PeerLoad:
         on_error: called once per failed write, read or exchange.
     """
 
-    def __init__(self, client: redis.Redis, key_prefix: str, targets: Sequence[Target], *,
+    def __init__(self, client: redis.Redis | RedisCluster, key_prefix: str, targets: Sequence[Target], *,
                  sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S, read_timeout_s: float = 0.05,
                  on_sync: Callable[[int], None] | None = None, on_error: Callable[[], None] | None = None) -> None:
         self.client, self.targets = client, list(targets)
@@ -159,8 +162,9 @@ class PeerLoad:
             await asyncio.gather(self._task, return_exceptions=True)
         try:
             async with asyncio.timeout(1.0):
-                await self.client.pipeline(transaction=False).unlink(self._prefix + self.id).srem(
-                    self.members_key, self.id).execute()
+                # UNLINK as a raw command: a cluster pipeline's unlink() is a coroutine, not a queued command.
+                await self.client.pipeline(transaction=False).execute_command(
+                    "UNLINK", self._prefix + self.id).srem(self.members_key, self.id).execute()
         except (RedisError, OSError, TimeoutError):
             pass  # the lease ends it
 

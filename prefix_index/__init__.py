@@ -6,6 +6,7 @@ Public surface (DESIGN.md §4)::
     hashing     bytes -> chained xxh3-64 block hashes, seeded by model and cache_salt
     base        PrefixIndex protocol, TierCapacity, BlockMatch, IndexStats
     memory_index / redis_index   the two implementations (same contract tests)
+    redis_connect   redis_url -> client: one server, a Redis Cluster, or a Sentinel set's master
     pending     chains routed but not yet prefilled, overlaid on the index's matches
     pool        a fleet-shared KV pool's chains (pseudo-backend KV_POOL_ID), overlaid likewise
     breaker     circuit breaker around an index (a frozen Redis is skipped, then probed)

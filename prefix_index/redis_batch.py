@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio.client import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from prefix_index.base import BlockMatch, TierCapacity
@@ -73,7 +74,7 @@ class Coalescer:
     """Queues records and matches and sends each model's batch as one EVALSHA.
 
     Args:
-        client: the index's ``redis.asyncio.Redis``.
+        client: the index's ``redis.asyncio.Redis`` or ``RedisCluster``.
         timeout_s: deadline of one batch, in seconds (a `deadline.Deadline`: the event
             loop's stalls do not count); past it every call in the batch fails with
             ``IndexUnavailable``.
@@ -83,7 +84,7 @@ class Coalescer:
             for a refresh (`redis_registry.Registry.due`).
     """
 
-    def __init__(self, client: Redis, timeout_s: float, key_ttl_s: int, registry: Registry) -> None:
+    def __init__(self, client: Redis | RedisCluster, timeout_s: float, key_ttl_s: int, registry: Registry) -> None:
         self._script = client.register_script(BATCH_LUA)
         self._timeout_s = timeout_s
         self._key_ttl_s = key_ttl_s

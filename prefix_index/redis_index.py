@@ -33,11 +33,16 @@ queued behind a record batch in flight and a batch whose cancellation went astra
 client's socket timeout is a last backstop, ``SOCKET_TIMEOUT_RATIO`` × ``timeout_s`` (1 s),
 so it never fires first on a stalled loop either.
 
-Cluster caveat: the registry key lives in another slot than the model's keys, so
-``record`` is not atomic across the two and ``forget`` is SMEMBERS then UNLINK/SREM; a
-record racing a forget can leave a blocks key the registry misses until the registry's
-next refresh for that (model, backend), or the key's expiry. This class takes a ``redis.asyncio.Redis``; a cluster client
-is future work.
+Redis Cluster (and Sentinel): :meth:`from_url` picks the client from the URL's scheme
+(`redis_connect`: ``redis://``, ``redis+cluster://``, ``redis+sentinel://``). Every script
+call passes every key it touches in KEYS, all under one model's hash tag, so one call is
+one slot on one shard and atomic there; different models spread over the shards. The
+registry key lives in another slot than the model's keys, so ``record`` is not atomic
+across the two and ``forget`` is SMEMBERS then UNLINK/SREM, one key per command (a
+cluster pipeline sends each to its slot's shard); ``stats`` SCANs every primary. A record
+racing a forget can leave a blocks key the registry misses until the registry's next
+refresh for that (model, backend), or the key's expiry. A shard that is down fails the
+calls of the models it holds: the breaker (`breaker`) counts them like any Redis failure.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -58,6 +64,7 @@ from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, TierCapacity, ch
 from prefix_index.deadline import Deadline
 from prefix_index.errors import IndexUnavailable
 from prefix_index.redis_batch import Coalescer
+from prefix_index.redis_connect import connect
 from prefix_index.redis_registry import Registry
 
 __all__ = [
@@ -106,8 +113,9 @@ class RedisPrefixIndex:
     on a stalled loop before the deadline could tell.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (``decode_responses`` either way). The caller
-            owns it and closes it, unless ``owns_client`` is true.
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``
+            (``decode_responses`` either way). The caller owns it and closes it, unless
+            ``owns_client`` is true.
         key_prefix: first segment of every key; no ``{`` or ``}`` (they would become
             the Cluster hash tag).
         timeout_s: deadline of a batch of ``match`` and ``record`` calls from its send, in
@@ -123,7 +131,7 @@ class RedisPrefixIndex:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         *,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -144,6 +152,7 @@ class RedisPrefixIndex:
         self._timeout_s = timeout_s
         self._admin_timeout_s = admin_timeout_s
         self._owns_client = owns_client
+        self._close: Callable[[], Awaitable[None]] = client.aclose
         self._registry = Registry(client, key_ttl_s, clock)
         self._coalescer = Coalescer(client, timeout_s, key_ttl_s, self._registry)
 
@@ -165,27 +174,34 @@ class RedisPrefixIndex:
         request tries again.
 
         Args:
-            url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
+            url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``), a Redis Cluster's
+                ``redis+cluster://host:port,host:port``, or a Sentinel set's
+                ``redis+sentinel://host:26379,host:26379/service`` (`redis_connect`).
             key_prefix, timeout_s, admin_timeout_s, key_ttl_s: as for the constructor.
 
         Returns:
             A ready index; connections open lazily on first use.
+
+        Raises:
+            ValueError: a URL `redis_connect.parse_redis_url` rejects.
         """
         backstop_s = timeout_s * SOCKET_TIMEOUT_RATIO
-        client = redis.Redis.from_url(
+        connection = connect(
             url,
             socket_connect_timeout=backstop_s,
             socket_timeout=backstop_s,
             retry=Retry(NoBackoff(), 0),
         )
-        return cls(
-            client,
+        index = cls(
+            connection.client,
             key_prefix=key_prefix,
             timeout_s=timeout_s,
             admin_timeout_s=admin_timeout_s,
             key_ttl_s=key_ttl_s,
             owns_client=True,
         )
+        index._close = connection.aclose  # also closes a Sentinel set's clients
+        return index
 
     async def match(
         self, model: str, hashes: Sequence[int], capacities: Mapping[str, TierCapacity]
@@ -240,7 +256,8 @@ class RedisPrefixIndex:
         await self._await("record", future)
 
     async def forget(self, backend_id: str) -> None:
-        """Drop every entry of ``backend_id``, for all models (two round trips).
+        """Drop every entry of ``backend_id``, for all models (two round trips; on a Redis
+        Cluster, one per shard holding the keys, in parallel).
 
         Raises:
             IndexUnavailable: Redis failed or did not answer within ``admin_timeout_s``.
@@ -253,7 +270,9 @@ class RedisPrefixIndex:
                 return
             async with self._client.pipeline(transaction=False) as pipe:
                 for raw in models:
-                    pipe.unlink(self._blocks_key(_text(raw), backend_id))
+                    # One key per UNLINK: a cluster pipeline's unlink() is a coroutine that
+                    # splits keys by slot, not a queued command.
+                    pipe.execute_command("UNLINK", self._blocks_key(_text(raw), backend_id))
                     pipe.srem(registry, raw)
                 await pipe.execute()
 
@@ -263,8 +282,8 @@ class RedisPrefixIndex:
     async def stats(self) -> IndexStats:
         """Return blocks per backend (ZCARD) and ``MEMORY USAGE`` of the index's keys.
 
-        Finds backends by SCANning the registry keys; slow on big indexes, so keep it
-        off the request path.
+        Finds backends by SCANning the registry keys (on a Redis Cluster, every primary);
+        slow on big indexes, so keep it off the request path.
 
         Raises:
             IndexUnavailable: Redis failed or did not answer within ``admin_timeout_s``.
@@ -307,7 +326,7 @@ class RedisPrefixIndex:
         (``from_url``)."""
         await self._coalescer.aclose()
         if self._owns_client:
-            await self._client.aclose()
+            await self._close()
 
     async def _await(self, what: str, future: asyncio.Future) -> Any:
         """A queued call's result, under the call's own deadline too (the batch has one)."""

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Iterable
 
 from redis.asyncio.client import Redis
+from redis.asyncio.cluster import RedisCluster
 
 __all__ = ["REFRESH_SHARE", "Registry"]
 
@@ -32,12 +33,12 @@ class Registry:
     """When to (re)write registry entries, and writing them.
 
     Args:
-        client: the index's ``redis.asyncio.Redis``.
+        client: the index's ``redis.asyncio.Redis`` or ``RedisCluster``.
         key_ttl_s: the blocks keys' TTL, in seconds (>= 1).
         clock: monotonic seconds, read to pace refreshes.
     """
 
-    def __init__(self, client: Redis, key_ttl_s: int, clock: Callable[[], float]) -> None:
+    def __init__(self, client: Redis | RedisCluster, key_ttl_s: int, clock: Callable[[], float]) -> None:
         self._client = client
         self._refresh_s = key_ttl_s * REFRESH_SHARE
         self.ttl_s = math.ceil(key_ttl_s * (1 + REFRESH_SHARE))

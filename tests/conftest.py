@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server per session (or ``--redis-url``)."""
+"""Shared fixtures: a real redis-server per session (or ``--redis-url``), a real 3-master
+Redis Cluster per session (started on first use)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.redis_cluster import RedisCluster, missing_binaries, redis_cluster
 from tests.support.redis_server import redis_server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +33,19 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
         pytest.skip("redis-server is not installed (apt-get install redis-server, or pass --redis-url)")
     with redis_server() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real Redis Cluster of 3 masters (``redis-server --cluster-enabled yes`` on loopback,
+    joined by ``redis-cli --cluster create``), shared by the session; its ``url`` is the
+    index's ``redis+cluster://`` form."""
+    missing = missing_binaries()
+    if missing and not os.environ.get("CI"):
+        pytest.skip(f"{' and '.join(missing)} not installed (apt-get install redis-server, which brings "
+                    "redis-tools and redis-cli)")
+    with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -54,7 +54,8 @@ NOT_APPLIED = {"secret.example.yaml", "servicemonitor.yaml"}  # left out of kust
 # After uvicorn's deadline (grace + TAIL_MARGIN_S), the lifespan closes Redis and the upstream
 # client; the kubelet's SIGKILL must not come before that.
 CLOSE_MARGIN_S = 5.0
-ENV_PROBE_VALUE = "9999"  # valid for every KAPPA_* override (a port, a host, a URL, a key)
+ENV_PROBE_VALUE = "9999"  # valid for every KAPPA_* override but the URL (a port, a host, a key)
+ENV_PROBE_VALUES = {"KAPPA_REDIS_URL": "redis://127.0.0.1:9999/0"}  # redis_url is validated at parse (its scheme)
 
 
 def load(name: str) -> list[dict[str, Any]]:
@@ -231,7 +232,8 @@ def test_prometheus_annotations_scrape_the_metrics_route_without_a_key(gateway: 
 
 def reads_env(name: str) -> bool:
     """Whether `fleet_config` reads ``name``: setting it changes the parsed settings."""
-    return parse_settings(FLEET_DOC, CATALOG, env={name: ENV_PROBE_VALUE}) != parse_settings(FLEET_DOC, CATALOG, env={})
+    probe = ENV_PROBE_VALUES.get(name, ENV_PROBE_VALUE)
+    return parse_settings(FLEET_DOC, CATALOG, env={name: probe}) != parse_settings(FLEET_DOC, CATALOG, env={})
 
 
 @pytest.mark.parametrize(("name", "read"), [("KAPPA_REDIS_URL", True), ("KAPPA_PORT", True), ("KAPPA_REDIS", False),

@@ -1,7 +1,8 @@
 """One contract suite over every PrefixIndex implementation (memory and Redis).
 
-Each case runs against ``MemoryPrefixIndex`` and ``RedisPrefixIndex`` (a real
-redis-server), like uvicorn's parametrised ``http_protocol_cls``. Expected tiers are worked
+Each case runs against ``MemoryPrefixIndex``, ``RedisPrefixIndex`` on a real redis-server
+and ``RedisPrefixIndex`` on a real 3-master Redis Cluster (its ``redis+cluster://`` URL,
+`prefix_index.redis_connect`), like uvicorn's parametrised ``http_protocol_cls``. Expected tiers are worked
 out by hand in each case from the semantics in ``prefix_index/base.py``; a seeded random
 workload is also checked against a naive reference model written here from those
 semantics (linear scans and sorts, no binary search, no chain truncation).
@@ -13,28 +14,34 @@ import random
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
-import redis.asyncio as redis
 
 from prefix_index import BlockMatch, MemoryPrefixIndex, PrefixIndex, RedisPrefixIndex, TierCapacity
+from prefix_index.redis_connect import connect
 from tests.contract.index_support import CONTRACT_TIMEOUT_S, ROOMY, ZERO, chain, labels
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("redis-cluster", marks=pytest.mark.redis)])
 async def index(request: pytest.FixtureRequest) -> AsyncIterator[PrefixIndex]:
     if request.param == "memory":
         memory = MemoryPrefixIndex()
         yield memory
         await memory.aclose()
         return
-    url: str = request.getfixturevalue("redis_url")
+    if request.param == "redis":
+        url: str = request.getfixturevalue("redis_url")
+    else:
+        url = request.getfixturevalue("redis_cluster_nodes").url
     key_prefix: str = request.getfixturevalue("key_prefix")
-    client = redis.Redis.from_url(url)
+    connection = connect(url)
+    client = connection.client
     try:
         yield RedisPrefixIndex(client, key_prefix=key_prefix, timeout_s=CONTRACT_TIMEOUT_S)
         keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
         if keys:
-            await client.delete(*keys)
+            await client.delete(*keys)  # a cluster client splits them by slot
     finally:
-        await client.aclose()
+        await connection.aclose()
 
 
 async def test_empty_index_matches_nothing_on_every_backend(index: PrefixIndex) -> None:

@@ -87,11 +87,17 @@ def redis_process() -> Iterator[tuple[str, subprocess.Popen]]:
                 time.sleep(POLL_INTERVAL_S)  # poll interval, not a readiness guess
             yield f"redis://127.0.0.1:{port}/0", proc
         finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)  # a stopped server cannot act on SIGTERM
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Stop a server this test started, by its pid: SIGCONT (a stopped server cannot act on
+    SIGTERM), SIGTERM, and SIGKILL if it has not exited within 5 s."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -34,3 +34,17 @@ def test_defaults() -> None:
 def test_bad_index_keys_fail_with_their_path(index: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(index)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
+                                 "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"])
+def test_redis_url_forms_are_accepted(url: str) -> None:
+    assert parse({"backend": "redis", "redis_url": url}).index.redis_url == url
+
+
+def test_a_redis_url_of_no_known_form_fails_with_its_path() -> None:
+    with pytest.raises(ConfigError, match=r"index\.redis_url: Value error, redis_url scheme must be one of"):
+        parse({"backend": "redis", "redis_url": "sentinel://10.0.0.1:26379"})
+    with pytest.raises(ConfigError, match=r"index\.redis_url: Value error, redis\+cluster:// takes no db"):
+        parse_settings({"index": {"backend": "redis"}, "backends": [BACKEND]}, CATALOG,
+                       env={"KAPPA_REDIS_URL": "redis+cluster://10.0.0.1:7000/1"})
