@@ -28,7 +28,7 @@ import copy
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
 from dispatch.ledger import Ticket
@@ -247,16 +247,26 @@ class Dispatcher:
         return Ticket(target.ledger, est.kv_demand_bytes, est.prefill_s,
                       on_finish=lambda: self.pending.remove(model, target.id, hashes))
 
-    async def record(self, model: str, target: Target, hashes: Sequence[int]) -> None:
+    async def record(self, model: str, target: Target, hashes: Sequence[int], *,
+                     holders: Literal["both", "backend", "kv_pool"] = "both") -> None:
         """The backend now caches this chain (its prefill ran), and so does the shared KV pool
-        if there is one (the backend writes through to it): tell the index, in one batch."""
+        if there is one (the backend writes through to it): tell the index, in one batch.
+
+        ``holders``: ``backend`` records the backend alone (a gateway recording a chain when
+        it sends the request: the prefill computes it into that backend's HBM, but reaches
+        the pool only once done); ``kv_pool`` the pool alone (that request's first byte)."""
         if not hashes:
             return
         hooks = self.hooks
         start = self.clock() if hooks is not None else 0.0
-        kv_pool = self.kv_pool_capacity(target, model)
+        kv_pool = self.kv_pool_capacity(target, model) if holders != "backend" else None
+        if holders == "kv_pool" and kv_pool is None:
+            return
         try:
-            if kv_pool is None:
+            if holders == "kv_pool":
+                assert kv_pool is not None
+                await self.index.record(model, KV_POOL_ID, hashes, kv_pool)
+            elif kv_pool is None:
                 await self.index.record(model, target.id, hashes, self.capacity(target, model))
             else:
                 await self.gather(self.index.record(model, target.id, hashes, self.capacity(target, model)),
@@ -266,7 +276,8 @@ class Dispatcher:
                 raise
             hooks.index_failed("record", exc)
             return
-        target.ledger.recorded_blocks += len(hashes)
+        if holders != "kv_pool":
+            target.ledger.recorded_blocks += len(hashes)
         if hooks is not None:
             hooks.index_answered("record", self.clock() - start)
 

@@ -120,7 +120,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         idle = state.ledger.total_in_flight == 0  # no other replica's request either (gateway.peers)
         ticket = gw.routing.charge(plan, candidate)
         if gw.peers is not None:  # other replicas learn of the prefill in flight through the index (gateway.peers)
-            gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes))
+            gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes, holders="backend"))
         up_headers = headers.copy()
         up_headers["X-Request-Id"] = attempt_request_id(request_id)
         attempt = asyncio.ensure_future(open_response(

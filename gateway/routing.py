@@ -211,9 +211,11 @@ class RoutingService:
         """Charge a candidate to its backend's ledger now (`dispatch.Dispatcher.charge`)."""
         return self.dispatcher.charge(plan, candidate)
 
-    async def record(self, model: str, state: BackendState, hashes: list[int]) -> None:
-        """The backend (and the shared KV pool) now caches this chain: tell the index."""
-        await self.dispatcher.record(model, state, hashes)
+    async def record(self, model: str, state: BackendState, hashes: list[int], *,
+                     holders: Literal["both", "backend", "kv_pool"] = "both") -> None:
+        """The backend (and the shared KV pool) now caches this chain: tell the index
+        (`dispatch.Dispatcher.record`; ``holders`` as there)."""
+        await self.dispatcher.record(model, state, hashes, holders=holders)
 
     async def forget(self, backend_id: str) -> None:
         """Drop a restarted backend's entries, and the pool's if the whole fleet restarted (the

@@ -44,7 +44,7 @@ import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from dispatch import BackendMetrics, RoutableRequest, Target, Ticket
 from mock_vllm.engine import MockEngine, PromptTooLong
@@ -226,7 +226,7 @@ class Simulator:
                                         block_size_bytes=fleet.block_size_bytes, kv_pool_bytes=fleet.kv_pool_bytes)
         self._targets = [t for r in self._replicas for t in r.targets]  # every view, scraped together
         self._spreader = Spreader(topology, seed)
-        self._records_due: list[tuple[float, int, Replica, Target, Sequence[int]]] = []  # index writes in flight
+        self._records_due: list[tuple[float, int, Replica, Target, Sequence[int], Any]] = []  # writes in flight
         self._write_seq = itertools.count()
         self._active: dict[str, _Active] = {}
         self._records: dict[int, RequestRecord] = {}
@@ -284,20 +284,22 @@ class Simulator:
         for target in self._targets:
             target.scrape()  # type: ignore[attr-defined]  # every target here is a _Backend
 
-    def _record(self, replica: Replica, target: Target, hashes: Sequence[int], now: float) -> None:
-        """Tell the shared index ``target`` caches ``hashes``: visible ``index_lag_s`` from ``now``."""
+    def _record(self, replica: Replica, target: Target, hashes: Sequence[int], now: float, *,
+                holders: Literal["both", "backend", "kv_pool"]) -> None:
+        """Tell the shared index ``target`` (and/or the pool) caches ``hashes``: visible
+        ``index_lag_s`` from ``now`` (`dispatch.Dispatcher.record`'s ``holders``)."""
         if self.topology.index_lag_s == 0:
-            run_now(replica.dispatch.record(self.model, target, hashes))
+            run_now(replica.dispatch.record(self.model, target, hashes, holders=holders))
         else:
             heapq.heappush(self._records_due, (now + self.topology.index_lag_s, next(self._write_seq), replica,
-                                               target, hashes))
+                                               target, hashes, holders))
 
     def _apply_records(self, now: float) -> None:
         """Index writes that became visible by ``now`` (``topology.index_lag_s`` after their first token)."""
         due = self._records_due
         while due and due[0][0] <= now:
-            _, _, replica, target, hashes = heapq.heappop(due)
-            run_now(replica.dispatch.record(self.model, target, hashes))
+            _, _, replica, target, hashes, holders = heapq.heappop(due)
+            run_now(replica.dispatch.record(self.model, target, hashes, holders=holders))
 
     # -- routing: the gateway's pipeline (dispatch) ---------------------------------------
     def _arrive(self, req: PreparedRequest, now: float) -> int | None:
@@ -326,7 +328,7 @@ class Simulator:
         self._records[req.index] = record
         self._active[rid] = _Active(record, replica.dispatch.charge(plan, cand), request, replica)
         if self.topology.record_at_decision:
-            self._record(replica, replica.by_id[cand.backend_id], request.hashes, now)
+            self._record(replica, replica.by_id[cand.backend_id], request.hashes, now, holders="backend")
         if b.first_add_s is None:
             b.first_add_s = now
         return self._position[cand.backend_id]
@@ -344,8 +346,8 @@ class Simulator:
                 record.cached_host_tokens = out.cached_host_tokens
                 record.cached_kv_pool_tokens = out.cached_kv_pool_tokens
                 act.ticket.first_byte()
-                if not self.topology.record_at_decision:
-                    self._record(act.replica, act.replica.by_id[b.config.id], act.request.hashes, now)
+                self._record(act.replica, act.replica.by_id[b.config.id], act.request.hashes, now,
+                             holders="kv_pool" if self.topology.record_at_decision else "both")
             if out.finished:
                 record.finish_s = now
                 act.ticket.finish()
