@@ -46,6 +46,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from gateway.kappa_feed import DispatchTiming, record_first_byte
 from gateway.state import GatewayState
 from gateway.upstream import Bound, attempt_request_id, open_response
 from router.types import Candidate
@@ -62,7 +63,7 @@ class FirstByte:
     ticket: Ticket
     resp: aiohttp.ClientResponse
     first: bytes
-    backend_idle: bool  # nothing else of this gateway's ran there when it was sent (a clean κ sample)
+    timing: DispatchTiming  # its queue and first-byte times, for the κ_crit fit (gateway.kappa_feed)
 
 
 class ClientWatch:
@@ -117,16 +118,18 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         waited = Bound(min(try_s, idle_s), idle=idle_s < try_s)
         whole = Bound(try_s, idle=False)
         state = plan.targets[candidate.backend_id]
-        idle = state.ledger.in_flight == 0
+        ledger = state.ledger
+        ahead, scraped_waiting = ledger.awaiting_first_byte, state.metrics.num_requests_waiting
         ticket = gw.routing.charge(plan, candidate)
+        sequence = ledger.dispatched_total
         up_headers = headers.copy()
         up_headers["X-Request-Id"] = attempt_request_id(request_id)
         attempt = asyncio.ensure_future(open_response(
             gw.session, state.entry.url + path, body, up_headers,
-            headers_bound=waited if stream else whole, first_byte_bound=whole if stream else waited))
+            headers_bound=waited if stream else whole, first_byte_bound=whole if stream else waited, clock=gw.clock))
         try:
-            resp, first = await _first_of(attempt, watch.signal, gw.backends.down_signal(state), gw.stopping_signal(),
-                                          state.id)
+            resp, first, headers_s = await _first_of(attempt, watch.signal, gw.backends.down_signal(state),
+                                                     gw.stopping_signal(), state.id)
         except UpstreamError as exc:
             ticket.finish()  # the ledger and the in-flight chain are released on every path
             _account(gw, state, exc)
@@ -140,8 +143,11 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         except BaseException:
             ticket.finish()
             raise
+        timing = DispatchTiming(sequence, ahead, scraped_waiting, ledger.dispatched_total != sequence, headers_s,
+                                gw.clock(), stream)
         ticket.first_byte()
-        return FirstByte(candidate, state, ticket, resp, first, idle)
+        record_first_byte(state, timing)
+        return FirstByte(candidate, state, ticket, resp, first, timing)
     raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover
 
 

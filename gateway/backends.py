@@ -9,7 +9,8 @@ whatever its health checks say. Requests waiting for a backend's first byte watc
 Scraping: ``GET /metrics`` every ``scrape_interval_s`` (`gateway.scrape`): queue depth, KV
 usage, block size and KV capacity from ``vllm:cache_config_info``, and
 ``process_start_time_seconds`` — when it changes, or the prefix-cache counters go
-backwards, the backend restarted with an empty cache and the index forgets it.
+backwards, the backend restarted with an empty cache and the index forgets it. Each scrape
+also refreshes the backend's measured κ_crit gauges from its fit (`router.kappa_fit`).
 
 Each backend's state is a `dispatch.Target` (its spec, last scrape and ledger, what the
 routing pipeline reads) plus what only the edge needs: its config entry, health, and the
@@ -29,8 +30,8 @@ from dispatch import BackendMetrics, Target
 from fleet_config.settings import BackendEntry
 from gateway.scrape import parse_vllm_metrics
 from gateway.telemetry import Telemetry
-from router.calibration import KappaCritFit
 from router.cost import BackendSpec
+from router.kappa_fit import KappaCritFit
 from router.profiles import GB
 
 log = logging.getLogger("kappa_gateway.pool")
@@ -48,12 +49,14 @@ class BackendState(Target):
     entry: BackendEntry = field(kw_only=True)
     healthy: bool = field(default=False, kw_only=True)
     model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
-    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from clean TTFT samples
+    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from queue-free prefills (gateway.kappa_feed)
+    # dispatch sequence → (gw.clock() of its first byte, streamed), the latest FIRST_BYTES_KEPT
+    first_bytes: dict[int, tuple[float, bool]] = field(default_factory=dict, kw_only=True, repr=False)
     ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
     down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
-        self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit_linear)
+        self.kappa_fit = KappaCritFit(self.spec)
 
     @classmethod
     def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:
@@ -192,6 +195,7 @@ class BackendSet:
             return
         previous = state.metrics
         state.metrics = metrics
+        self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())
         if _restarted(previous, metrics):
             log.warning("backend %s restarted (process start time or counters reset): forgetting its index entries",
                         state.id)

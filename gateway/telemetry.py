@@ -3,17 +3,23 @@
 Label values come only from the config (backend ids, served model names, policy names) and
 from closed sets (regime, status class, index operation): never from raw request values, so
 a client cannot blow up cardinality. Names follow Prometheus conventions: base units,
-``_total`` on counters, ratios in [0, 1].
+``_total`` on counters, ratios in [0, 1]. Every labelled series a request can touch is created
+at start-up at 0 (`Telemetry.init_backend`, `Telemetry.init_requests`): ``rate()`` needs a
+series to exist before its first increment, or the first requests never show (a dashboard's
+transfer-bound share read 0 after transfer-bound requests).
 
 | metric | type | labels |
 | --- | --- | --- |
 | ``gateway_requests_total`` | counter | backend, model, policy, regime, status |
 | ``gateway_routing_decision_seconds`` | histogram | policy |
 | ``gateway_kappa_ratio`` | histogram (log buckets 0.01…1e5) | backend |
-| ``gateway_kappa_crit`` | gauge | backend, kind=predicted\\|measured |
+| ``gateway_kappa_crit`` | gauge | backend, kind=predicted\\|measured (linear κ_crit; measured: `router.kappa_fit`) |
+| ``gateway_kappa_crit_measured_interval`` | gauge | backend, bound=low\\|high (the measured κ_crit's confidence interval) |
+| ``gateway_kappa_fit_samples`` | gauge | backend, kind=compute\\|load (samples behind the measured κ_crit) |
 | ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_kv_pool\\|uncached (index estimate) |
 | ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
-| ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend |
+| ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend (TTFT, ITL: streams only) |
+| ``gateway_time_to_response_headers_seconds`` | histogram | backend, stream=true\\|false |
 | ``gateway_in_flight_requests``, ``gateway_kv_demand_bytes`` | gauge | backend |
 | ``gateway_backend_up`` | gauge | backend |
 | ``gateway_upstream_retries_total`` | counter | backend (the one that failed) |
@@ -26,9 +32,12 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from router.kappa import Regime
+from router.kappa_fit import KappaCritMeasurement
 
 # 0.01 … 1e5, 3 buckets per decade: κ_ratio spans 7 decades (REFERENCE.md §1: Mooncake p99 ≈ 890,
 # document QA ≈ 10,000).
@@ -38,6 +47,14 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
                    160, 320, 640, 1200, 2400, 3600)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+
+# The closed sets of ``gateway_requests_total``'s labels (created at 0 by `Telemetry.init_requests`).
+REGIMES = tuple(r.value for r in Regime)
+# What `gateway.relay.Relay.settle` records for a request a backend answered.
+RELAYED_OUTCOMES = ("ok", "client_disconnect", "shutdown", "upstream_timeout", "upstream_error", "upstream_4xx")
+# What `gateway.proxy.proxy` records, under backend "none", for requests the gateway answered itself
+# (`gateway.errors`: bad request, unknown model, body too large, upstream failure, unavailable, timeout).
+GATEWAY_ERROR_STATUSES = ("400", "404", "413", "500", "502", "503", "504")
 
 
 class Telemetry:
@@ -58,9 +75,17 @@ class Telemetry:
                                           buckets=DECISION_BUCKETS, registry=r)
         self.kappa_ratio = Histogram("gateway_kappa_ratio", "κ_ratio = K/T of routed requests on the chosen backend.",
                                      ["backend"], buckets=KAPPA_BUCKETS, registry=r)
-        self.kappa_crit = Gauge("gateway_kappa_crit", "κ_crit per backend: predicted from profiles; measured "
-                                "(router.calibration.KappaCritFit) once enough clean TTFT samples exist.",
+        self.kappa_crit = Gauge("gateway_kappa_crit", "Linear κ_crit per backend at its host link: predicted from "
+                                "profiles; measured (router.kappa_fit: queue-free prefill times against the "
+                                "cost model) once it has enough compute- and load-bound samples.",
                                 ["backend", "kind"], registry=r)
+        self.kappa_crit_interval = Gauge("gateway_kappa_crit_measured_interval",
+                                         "Confidence interval of the measured κ_crit (distribution-free; its level "
+                                         "is in /v1/kappa/backends: >= 0.95 from 7 load-bound samples).",
+                                         ["backend", "bound"], registry=r)
+        self.kappa_fit_samples = Gauge("gateway_kappa_fit_samples", "Samples behind the measured κ_crit: "
+                                       "compute-bound and load-bound queue-free prefills (router.kappa_fit).",
+                                       ["backend", "kind"], registry=r)
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)
         self.cached_estimated = Counter("gateway_cached_tokens_estimated",
@@ -69,8 +94,16 @@ class Telemetry:
         self.cached_reported = Counter("gateway_cached_tokens_reported",
                                        "Cached prompt tokens the backend reported (usage.prompt_tokens_details).",
                                        ["backend"], registry=r)
-        self.ttft = Histogram("gateway_ttft_seconds", "Time to the first content chunk.", ["backend"],
+        self.ttft = Histogram("gateway_ttft_seconds", "Streamed requests only: time from receipt to the first "
+                              "content chunk. A non-streamed answer has no first-token time: see "
+                              "gateway_time_to_response_headers_seconds{stream=\"false\"}.", ["backend"],
                               buckets=LATENCY_BUCKETS, registry=r)
+        self.response_headers = Histogram(
+            "gateway_time_to_response_headers_seconds", "Time from receipt to the backend's response headers "
+            "(answered requests, retries included). stream=false: vLLM sends them with the whole answer, so this "
+            "is its time to the complete response; stream=true: it sends them once the request is tokenised and "
+            "queued, so this is the time before the queue and prefill (TTFT minus this is the backend's own).",
+            ["backend", "stream"], buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("gateway_itl_seconds", "Time between streamed chunks.", ["backend"],
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("gateway_e2e_seconds", "Time from receipt to the last byte.", ["backend"],
@@ -109,6 +142,31 @@ class Telemetry:
         self.in_flight.labels(backend_id).set_function(in_flight)
         self.kv_demand.labels(backend_id).set_function(kv_demand_bytes)
         self.backend_up.labels(backend_id).set(0)
+        for kind in ("compute", "load"):
+            self.kappa_fit_samples.labels(backend_id, kind).set(0)
+        self.backend(backend_id)  # its histograms and token counters, and headers time by stream
+
+    def init_requests(self, backends: Iterable[tuple[str, str]], policy: str) -> None:
+        """Create every ``gateway_requests_total`` series at 0: for each (backend id, its model),
+        each regime and relayed outcome, the outcome of a client gone before the first byte;
+        and the gateway's own error statuses under backend "none"."""
+        for backend, model in backends:
+            for regime in REGIMES:
+                for outcome in RELAYED_OUTCOMES:
+                    self.requests.labels(backend, model, policy, regime, outcome)
+            self.requests.labels(backend, model, policy, "none", "client_disconnect")
+        for status in GATEWAY_ERROR_STATUSES:
+            self.requests.labels("none", "none", policy, "none", status)
+
+    def set_kappa_fit(self, backend_id: str, measured: KappaCritMeasurement | None) -> None:
+        """Publish a backend's measured κ_crit, its interval and sample counts (nothing until measured)."""
+        if measured is None:
+            return
+        self.kappa_crit.labels(backend_id, "measured").set(measured.kappa_crit_linear)
+        self.kappa_crit_interval.labels(backend_id, "low").set(measured.ci_low)
+        self.kappa_crit_interval.labels(backend_id, "high").set(measured.ci_high)
+        self.kappa_fit_samples.labels(backend_id, "compute").set(measured.compute_samples)
+        self.kappa_fit_samples.labels(backend_id, "load").set(measured.load_samples)
 
     def backend(self, backend_id: str) -> BackendSeries:
         """The per-request series of one backend, resolved once (``labels()`` costs µs per call)."""
@@ -130,7 +188,7 @@ class BackendSeries:
     """One backend's labelled children of the per-request metrics."""
 
     __slots__ = ("ttft", "itl", "e2e", "kappa_ratio", "cached_hbm_tokens", "cached_host_tokens", "cached_kv_pool_tokens",
-                 "uncached_prompt_tokens", "cached_estimated", "cached_reported")
+                 "uncached_prompt_tokens", "cached_estimated", "cached_reported", "response_headers")
 
     def __init__(self, telemetry: Telemetry, backend_id: str) -> None:
         self.ttft = telemetry.ttft.labels(backend_id)
@@ -143,3 +201,5 @@ class BackendSeries:
         self.uncached_prompt_tokens = telemetry.prompt_tokens.labels(backend_id, "uncached")
         self.cached_estimated = telemetry.cached_estimated.labels(backend_id)
         self.cached_reported = telemetry.cached_reported.labels(backend_id)
+        # by stream: index 0 non-streamed, 1 streamed
+        self.response_headers = tuple(telemetry.response_headers.labels(backend_id, s) for s in ("false", "true"))

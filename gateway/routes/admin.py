@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import BadRequest
+from gateway.kappa_feed import measured_fields
 from gateway.proxy import read_body
 from gateway.routes.deps import State
 from prefix_index import KV_POOL_ID, PrefixIndexError
@@ -59,8 +60,7 @@ async def backends(gw: State) -> dict:
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
             "labels": s.entry.labels, "healthy": s.healthy,
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
-            "kappa_crit": spec.kappa_crit_linear, "kappa_crit_measured": s.kappa_fit.kappa_crit(),
-            "kappa_fit_samples": dict(zip(("compute", "transfer"), s.kappa_fit.samples, strict=True)),
+            "kappa_crit": spec.kappa_crit_linear, **measured_fields(s),
             "kappa_hw": spec.kappa_hw,
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),
             "c_eff_flops_per_s": spec.c_eff_flops_per_s, "link_bytes_per_s": spec.link_bytes_per_s,
@@ -121,5 +121,6 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
         "model": f.model, "kind": kind, "policy": plan.decision.policy, "chosen": plan.decision.chosen.backend_id,
         "reason": plan.decision.reason, "index_available": plan.index_ok,
         "prompt_tokens_estimate": f.prompt_tokens, "prompt_blocks": f.prompt_blocks,
-        "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "candidates": candidates,
+        "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "n": f.sequences,
+        "candidates": candidates,
     }

@@ -1,22 +1,26 @@
-"""The measured κ_crit: the gateway fits it from real streamed TTFTs, on a clock it cannot misread.
+"""The measured κ_crit: the gateway fits it from real streamed first tokens, on a clock it cannot misread.
 
 The backend is a real `mock_vllm.engine.MockEngine` behind a small HTTP face, run in virtual
-time: each request is stepped to its first token, and the shared clock — the gateway's
-injected clock — is advanced by exactly the engine's modelled TTFT before the first byte is
-sent. So the TTFTs the gateway measures are the engine's physics to the nanosecond, whatever
-the machine is doing (the wall-clock version of this test failed 3 times in 20 full runs,
-when gateway overhead on a busy machine moved a ~44 ms load time by >20%). Everything between
-is real: HTTP, the index, the candidates' K_host and T, the clean-sample selection, the fit.
+time: each request is stepped to its first token; the backend sends its response headers (as
+vLLM does once a stream is queued), waits until the gateway has read the shared clock for
+them, then advances that clock — the gateway's injected clock — by exactly the engine's
+modelled time to first token and sends the first chunk. So the prefill times the gateway
+measures are the engine's physics to the nanosecond, whatever the machine is doing (a
+wall-clock version failed 3 times in 20 full runs on a busy machine; the demo-traffic test,
+`test_kappa_fit_demo.py`, is the wall-clock one). Everything between is real: HTTP, the index,
+the candidates' K by tier, the sample selection (`gateway.kappa_feed`), the fit (`router.kappa_fit`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
 import string
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from starlette.applications import Starlette
@@ -28,7 +32,6 @@ from fleet_config import default_catalog
 from mock_vllm import tokenizer
 from mock_vllm.engine import MockEngine
 from mock_vllm.types import EngineConfig
-from router import kappa
 from router.cost import BackendSpec
 from tests.integration.gateway_support import MOCK_MODEL, backend_doc, run_gateway
 from tests.support.uvicorn_thread import serve_in_thread
@@ -43,14 +46,16 @@ ENGINE = EngineConfig(host_tier_bytes=16e9, num_gpu_blocks_override=400)
 
 
 class VirtualClock:
-    """Seconds that move only when the upstream says its engine's time moved."""
+    """Seconds that move only when the upstream says its engine's time moved; counts its reads."""
 
     def __init__(self) -> None:
         self._now = 1_000.0
         self._lock = threading.Lock()
+        self.reads = 0
 
     def __call__(self) -> float:
         with self._lock:
+            self.reads += 1
             return self._now
 
     def advance(self, seconds: float) -> None:
@@ -75,11 +80,15 @@ def virtual_time_backend(clock: VirtualClock) -> Starlette:
             step = engine.step(engine_now[0])
             engine_now[0] = step.end_s
             out = next((o for o in step.outputs if o.request_id == rid), None)
-        clock.advance(engine_now[0] - arrival)  # the gateway sees the first byte after the modelled TTFT
+        ttft_s = engine_now[0] - arrival
         usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": 1, "total_tokens": out.prompt_tokens + 1,
                  "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
 
         async def events() -> AsyncIterator[bytes]:
+            # The headers are out; the gateway's next clock read stamps them. Then the prefill runs.
+            read = clock.reads
+            await until(lambda: clock.reads > read)
+            clock.advance(ttft_s)
             chunk = {"id": rid, "object": "text_completion", "choices": [{"index": 0, "text": "x"}]}
             yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
             yield b"data: " + json.dumps({"id": rid, "choices": [], "usage": usage}).encode() + b"\n\n"
@@ -103,6 +112,15 @@ def virtual_time_backend(clock: VirtualClock) -> Starlette:
                              Route("/health", health), Route("/v1/models", models)])
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` on the event loop (the gateway runs in another thread)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("the gateway never read the clock for the response headers")
+        await asyncio.sleep(0.001)  # poll interval
+
+
 def words(tag: str, n: int) -> str:
     """``n`` three-letter words (one mock token each), fixed by ``tag``."""
     rng = random.Random(tag)
@@ -120,20 +138,23 @@ def test_measured_kappa_crit_matches_the_engines_physics() -> None:
     clock = VirtualClock()
     with serve_in_thread(virtual_time_backend(clock)) as url, \
             run_gateway([backend_doc("a", url, host_tier_gb=16)], clock=clock) as gw:
-        for i in range(6):
-            stream(gw, words(f"cold{i}x", 5_000))  # compute-bound samples, nothing cached
-        for i in range(6):
+        for i in range(10):
+            stream(gw, words(f"cold{i}x", 1_000 + 500 * i))  # compute-bound samples of 1,000–5,500 tokens
+        for i in range(4):
             prefix = words(f"doc{i}y", 5_000)
             stream(gw, prefix)
             stream(gw, words(f"evict{i}a", 5_000))
             stream(gw, words(f"evict{i}b", 5_000))
-            stream(gw, prefix + " " + words("q", 40))  # prefix now in the host tier: transfer-bound
+            stream(gw, prefix + " " + words("q", 40))  # prefix now in the host tier: load-bound
         backend = gw.http.get("/v1/kappa/backends").json()["backends"][0]
-    assert backend["kappa_fit_samples"] == {"compute": 24, "transfer": 6}  # every cold prompt; the follow-ups
-    # Time per new token of a cold 5,000-token prefill (linear FLOPs plus its attention, 39.0 µs)
-    # over time per token loaded from the host tier (131,072 B / 15 GB/s = 8.74 µs): 4.467,
-    # the linear κ_crit of the profile (4.13) raised by the attention the cold prefills pay.
-    per_new_token_s = kappa.prefill_flops(H100_8B.model, 0, 5_000) / 5_000 / H100_8B.c_eff_flops_per_s
-    per_loaded_token_s = kappa.b_kv_bytes(H100_8B.model) / H100_8B.link_bytes_per_s
-    assert backend["kappa_crit_measured"] == pytest.approx(per_new_token_s / per_loaded_token_s, rel=1e-3)
-    assert backend["kappa_crit_measured"] == pytest.approx(H100_8B.kappa_crit_linear, rel=0.1)
+    fit = backend["kappa_fit"]
+    # every prompt without a usable prefix (10 cold, 4 documents, 8 evictions); the 4 follow-ups
+    assert fit["samples"] == {"compute": 22, "load": 4, "kv_pool_load": 0}
+    # The engine is its profile (C_eff, 15 GB/s): measured over predicted time is 1 for both rates,
+    # and nothing else takes time in virtual time; so the linear κ_crit of the profile, 4.13.
+    assert fit["compute_time_ratio"] == pytest.approx(1.0, rel=1e-6)
+    assert fit["load_time_ratio"] == pytest.approx(1.0, rel=1e-6)
+    assert fit["overhead_s"] == pytest.approx(0.0, abs=1e-9)
+    assert backend["kappa_crit_linear_measured"] == pytest.approx(H100_8B.kappa_crit_linear, rel=1e-6)
+    low, high = backend["kappa_crit_linear_measured_ci"]
+    assert low <= backend["kappa_crit_linear_measured"] <= high and fit["ci_level"] == pytest.approx(0.975 - 0.125)
