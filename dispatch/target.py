@@ -28,6 +28,10 @@ class BackendMetrics:
         process_start_time_s: ``process_start_time_seconds`` (restart detection).
         prefix_cache_queries_tokens, prefix_cache_hits_tokens: ``vllm:prefix_cache_queries_total``
             / ``_hits_total`` (a counter that goes backwards means a restart).
+        prefill_time_count, prefill_time_sum_s: ``vllm:request_prefill_time_seconds``'s ``_count``
+            and ``_sum``: finished requests and their summed time from first scheduled to first
+            token, engine seconds (the κ_crit fit's measurement, `router.kappa_fit`); count None
+            when not exported.
     """
 
     num_requests_waiting: int = 0
@@ -38,6 +42,8 @@ class BackendMetrics:
     process_start_time_s: float | None = None
     prefix_cache_queries_tokens: float = 0.0
     prefix_cache_hits_tokens: float = 0.0
+    prefill_time_count: float | None = None
+    prefill_time_sum_s: float = 0.0
 
 
 @dataclass(eq=False)

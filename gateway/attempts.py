@@ -46,7 +46,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from gateway.kappa_feed import DispatchTiming, record_first_byte
+from gateway.kappa_feed import DispatchTiming
 from gateway.state import GatewayState
 from gateway.upstream import Bound, attempt_request_id, open_response
 from router.types import Candidate
@@ -63,7 +63,7 @@ class FirstByte:
     ticket: Ticket
     resp: aiohttp.ClientResponse
     first: bytes
-    timing: DispatchTiming  # its queue and first-byte times, for the κ_crit fit (gateway.kappa_feed)
+    timing: DispatchTiming  # its queue and headers time (gateway.kappa_feed)
 
 
 class ClientWatch:
@@ -118,10 +118,9 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         waited = Bound(min(try_s, idle_s), idle=idle_s < try_s)
         whole = Bound(try_s, idle=False)
         state = plan.targets[candidate.backend_id]
-        ledger = state.ledger
-        ahead, scraped_waiting = ledger.awaiting_first_byte, state.metrics.num_requests_waiting
+        feed, sent_s, scraped_waiting = state.prefill_feed, gw.clock(), state.metrics.num_requests_waiting
+        sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
         ticket = gw.routing.charge(plan, candidate)
-        sequence = ledger.dispatched_total
         up_headers = headers.copy()
         up_headers["X-Request-Id"] = attempt_request_id(request_id)
         attempt = asyncio.ensure_future(open_response(
@@ -132,6 +131,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
                                                      gw.stopping_signal(), state.id)
         except UpstreamError as exc:
             ticket.finish()  # the ledger and the in-flight chain are released on every path
+            feed.failed(sequence)
             _account(gw, state, exc)
             last_try = n == len(ranked) - 1 or exc.retry_kind not in policy.retry_on
             if last_try:
@@ -142,11 +142,10 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
             continue
         except BaseException:
             ticket.finish()
+            feed.failed(sequence)
             raise
-        timing = DispatchTiming(sequence, ahead, scraped_waiting, ledger.dispatched_total != sequence, headers_s,
-                                gw.clock(), stream)
+        timing = DispatchTiming(sent_s, ahead, scraped_waiting, feed.answered(sequence), headers_s, stream)
         ticket.first_byte()
-        record_first_byte(state, timing)
         return FirstByte(candidate, state, ticket, resp, first, timing)
     raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover
 

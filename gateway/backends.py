@@ -10,7 +10,7 @@ Scraping: ``GET /metrics`` every ``scrape_interval_s`` (`gateway.scrape`): queue
 usage, block size and KV capacity from ``vllm:cache_config_info``, and
 ``process_start_time_seconds`` — when it changes, or the prefix-cache counters go
 backwards, the backend restarted with an empty cache and the index forgets it. Each scrape
-also refreshes the backend's measured κ_crit gauges from its fit (`router.kappa_fit`).
+also closes an interval of the backend's prefill times for its κ_crit fit (`gateway.kappa_feed`).
 
 Each backend's state is a `dispatch.Target` (its spec, last scrape and ledger, what the
 routing pipeline reads) plus what only the edge needs: its config entry, health, and the
@@ -28,6 +28,7 @@ import aiohttp
 
 from dispatch import BackendMetrics, Target
 from fleet_config.settings import BackendEntry
+from gateway.kappa_feed import PrefillFeed
 from gateway.scrape import parse_vllm_metrics
 from gateway.telemetry import Telemetry
 from router.cost import BackendSpec
@@ -49,9 +50,8 @@ class BackendState(Target):
     entry: BackendEntry = field(kw_only=True)
     healthy: bool = field(default=False, kw_only=True)
     model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
-    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from queue-free prefills (gateway.kappa_feed)
-    # dispatch sequence → (gw.clock() of its first byte, streamed), the latest FIRST_BYTES_KEPT
-    first_bytes: dict[int, tuple[float, bool]] = field(default_factory=dict, kw_only=True, repr=False)
+    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit (router.kappa_fit)
+    prefill_feed: PrefillFeed = field(default_factory=PrefillFeed, kw_only=True, repr=False)  # its samples
     ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
     down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
 
@@ -195,7 +195,9 @@ class BackendSet:
             return
         previous = state.metrics
         state.metrics = metrics
-        self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())
+        interval = state.prefill_feed.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s)
+        if interval is not None and state.kappa_fit.observe(interval):
+            self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())
         if _restarted(previous, metrics):
             log.warning("backend %s restarted (process start time or counters reset): forgetting its index entries",
                         state.id)

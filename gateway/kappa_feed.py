@@ -1,98 +1,161 @@
-"""Which of the gateway's requests feed a backend's κ_crit fit (`router.kappa_fit`), and with what.
+"""How the gateway feeds a backend's κ_crit fit (`router.kappa_fit`): which prefill times, which requests.
 
-A request is one `router.kappa_fit.PrefillSample` when all of these hold:
+**The measurement is the backend's own.** vLLM observes ``vllm:request_prefill_time_seconds``
+(time from the step that first schedules a request to its first token, engine seconds) when
+each request finishes; the gateway scrapes it every ``scrape_interval_s``, and the growth of its
+sum between two scrapes is the summed prefill time of the requests that finished in between.
+Timing prefills at the gateway instead would add the network, the backend's tokenisation
+(which grows with the prompt) and, on a busy host, event-loop delays of tens of milliseconds:
+on the demo fleet (four time-scaled mocks in one process) a third of first tokens reached the
+gateway more than 10 ms late.
 
-- **Streamed, complete, with usage.** Its first content chunk is its first token. A
-  non-streamed answer arrives whole after the generation (its first byte is its last token),
-  so it says nothing about the prefill and is not used.
-- **No queue of its own.** Its prefill time runs from the later of its response headers
-  (vLLM, like the mock, answers a stream's headers once the request is tokenised and queued:
-  the client-side parsing and tokenisation, which grow with the prompt, stay out) and the
-  first byte of the last request this gateway sent to that backend before it (FIFO: its
-  prefill cannot start before theirs ended) — to its first content chunk. Rejected when that
-  last request was not streamed (its first byte came after its whole generation), when a
-  request sent there *after* it got there before its first byte (it may have shared its
-  engine steps), or when the backend's scraped ``num_requests_waiting`` exceeded the requests
-  this gateway had queued there (someone else's queue).
-- **The index was right.** The backend's reported ``cached_tokens`` agrees with the index's
-  estimate within `CACHED_TOKENS_TOLERANCE_RATIO` of the prompt (or `CACHED_TOKENS_TOLERANCE`
-  tokens): otherwise which tier the cached tokens came from is unknown. Token counts are the
-  reported ones (T = prompt − cached); the estimate only splits the cached tokens into tiers.
+**An interval counts** (becomes a `router.kappa_fit.PrefillInterval`) when:
 
-With this, on the demo's traffic every backend's compute-bound samples number in the
-hundreds and its load-bound ones in the few to dozens per 500 requests (BENCHMARKS.md).
+- the backend's finished count grew by exactly the number of this gateway's requests that
+  completed there since the last scrape (its count minus ours is unchanged): no other client's
+  request, no request whose end reached the gateway after the scrape, no restart;
+- no request of this gateway's there ended otherwise in between (client gone, upstream failure);
+- each of those requests can be predicted: it completed with ``usage`` whose ``cached_tokens``
+  agrees with the index's estimate within `CACHED_TOKENS_TOLERANCE` tokens or
+  `CACHED_TOKENS_TOLERANCE_RATIO` of the prompt (otherwise which tier its cached tokens came
+  from is unknown; the reported counts are used, the estimate only splits the cached tokens by
+  tier), and it prefilled alone. vLLM schedules the running requests' next chunks first, then
+  admits waiting ones with the token budget left, so a prefill shares engine steps with
+  another request's when both wait together, when it waits behind a multi-step (chunked)
+  prefill, or when it is itself multi-step and a later request arrives. So: at most one
+  request of this gateway's was before its first byte there when it was sent, and that one
+  fits one step (T ≤ `single_step_tokens`) and was sent `QUEUE_SETTLE_S` earlier (it
+  was running, not waiting: a request waits at most one decode step when nothing is queued);
+  the scraped ``num_requests_waiting`` showed no one else's queue; and, if its own T exceeds
+  one step, nothing was sent there after it before its first byte.
+
+Streamed or not makes no difference: the engine times the prefill either way. A backend
+that does not export the histogram gets no measured κ_crit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from router.kappa_fit import PrefillSample
+from router.kappa_fit import PrefillInterval, PrefillPrediction
 
 if TYPE_CHECKING:
     from gateway.backends import BackendState
+    from router.cost import BackendSpec
     from router.types import Candidate
 
 CACHED_TOKENS_TOLERANCE = 128  # tokens: two index blocks of rounding (64-token blocks vs vLLM's 16)
 CACHED_TOKENS_TOLERANCE_RATIO = 0.02  # of the prompt: the bytes-per-token estimate's own error
-FIRST_BYTES_KEPT = 256  # per backend: recent first-byte times, for the requests queued behind them
+# New tokens one engine step prefills: vLLM's default max_num_batched_tokens for its OpenAI
+# server (``EngineArgs.get_batch_defaults``): 8192 on GPUs of ≥ 70 GiB other than the A100 (the
+# mock's default too), else 2048. An estimate: a backend may set its own.
+SINGLE_STEP_TOKENS_ESTIMATE = {"large": 8192, "other": 2048}
+LARGE_GPU_HBM_GIB = 70
+# A request with nothing queued is scheduled at the next step boundary: one decode step, ~10 ms
+# on the catalog's GPUs (the weights read from HBM); five of those, in the gateway's wall seconds.
+QUEUE_SETTLE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchTiming:
-    """What `gateway.attempts.first_byte` saw of one attempt's queue, for the κ_crit fit.
+    """What `gateway.attempts.first_byte` saw of one attempt.
 
     Attributes:
-        sequence: the backend ledger's ``dispatched_total`` once this attempt was charged.
-        ahead: this gateway's requests waiting for their first byte there when it was sent.
+        sent_s: ``gw.clock()`` when it was sent.
+        ahead: (sent_s, estimated T) of each request of this gateway's there before its first byte then.
         scraped_waiting: the backend's ``num_requests_waiting`` at the last scrape then.
-        overtaken: a request sent there after it was charged before its first byte.
-        headers_s, first_byte_s: ``gw.clock()`` when its headers and first body bytes arrived.
+        overtaken: a request was sent there after it, before its first byte.
+        headers_s: ``gw.clock()`` when its response headers arrived.
         stream: a streamed request.
     """
 
-    sequence: int
-    ahead: int
+    sent_s: float
+    ahead: tuple[tuple[float, int], ...]
     scraped_waiting: int
     overtaken: bool
     headers_s: float
-    first_byte_s: float
     stream: bool
 
+    def prefilled_alone(self, uncached_prompt_tokens: int, step_tokens: int) -> bool:
+        """No other prefill shared its engine steps, at ``step_tokens`` per step (module docstring)."""
+        if len(self.ahead) > 1 or self.scraped_waiting > len(self.ahead):
+            return False
+        if self.ahead:
+            sent_s, new_tokens = self.ahead[0]
+            if new_tokens > step_tokens or self.sent_s - sent_s < QUEUE_SETTLE_S:
+                return False
+        return not (self.overtaken and uncached_prompt_tokens > step_tokens)
 
-def record_first_byte(state: BackendState, timing: DispatchTiming) -> None:
-    """Remember when this attempt's first byte came (the requests queued behind it start then)."""
-    first_bytes = state.first_bytes
-    first_bytes[timing.sequence] = (timing.first_byte_s, timing.stream)
-    if len(first_bytes) > FIRST_BYTES_KEPT:
-        del first_bytes[next(iter(first_bytes))]  # insertion order: the oldest
+
+def single_step_tokens(spec: BackendSpec) -> int:
+    """`SINGLE_STEP_TOKENS_ESTIMATE` for the backend's GPU."""
+    hw = spec.hardware
+    large = hw.hbm_gib >= LARGE_GPU_HBM_GIB and "a100" not in hw.name.lower()
+    return SINGLE_STEP_TOKENS_ESTIMATE["large" if large else "other"]
 
 
-def prefill_start_s(state: BackendState, timing: DispatchTiming) -> float | None:
-    """When this request's prefill could start (module docstring), or None if unknown."""
-    if timing.overtaken or timing.scraped_waiting > timing.ahead:
+@dataclass
+class PrefillFeed:
+    """One backend's requests between two scrapes, for its κ_crit fit (module docstring)."""
+
+    pending: list[PrefillPrediction | None] = field(default_factory=list)
+    ended_otherwise: bool = False
+    completed: int = 0  # this gateway's requests completed there, cumulative
+    _last: tuple[float, float, float] | None = None  # (count, sum s, count − completed) at the last scrape
+    _sent: int = 0  # attempts sent there, cumulative (a sequence number)
+    _awaiting: dict[int, tuple[float, int]] = field(default_factory=dict)  # before their first byte
+
+    def sent(self, sent_s: float, uncached_prompt_tokens: int) -> tuple[int, tuple[tuple[float, int], ...]]:
+        """An attempt is sent there now: its sequence number and the attempts before their first byte."""
+        ahead = tuple(self._awaiting.values())
+        self._sent += 1
+        self._awaiting[self._sent] = (sent_s, uncached_prompt_tokens)
+        return self._sent, ahead
+
+    def answered(self, sequence: int) -> bool:
+        """Its first byte came; returns whether another attempt was sent there since."""
+        self._awaiting.pop(sequence, None)
+        return self._sent != sequence
+
+    def failed(self, sequence: int) -> None:
+        """It ended before its first byte (the engine aborts it, or never saw it)."""
+        self._awaiting.pop(sequence, None)
+        self.ended_otherwise = True
+
+    def completed_request(self, prediction: PrefillPrediction | None) -> None:
+        """A request completed there (``None``: one the fit cannot predict)."""
+        self.pending.append(prediction)
+        self.completed += 1
+
+    def scraped(self, count: float | None, sum_s: float) -> PrefillInterval | None:
+        """Close the interval at a scrape of the histogram's ``_count`` and ``_sum``; its sample or None."""
+        pending, ended_otherwise = self.pending, self.ended_otherwise
+        self.pending, self.ended_otherwise = [], False
+        if count is None:
+            self._last = None
+            return None
+        last, self._last = self._last, (count, sum_s, count - self.completed)
+        if last is None or count < last[0] or count - self.completed != last[2] or ended_otherwise or not pending:
+            return None
+        predictions = [p for p in pending if p is not None]
+        if len(predictions) < len(pending):
+            return None
+        return PrefillInterval(sum_s - last[1], tuple(predictions))
+
+
+def prediction(state: BackendState, candidate: Candidate, timing: DispatchTiming,
+               usage: dict[str, Any] | None) -> PrefillPrediction | None:
+    """The profile's prediction for a completed request, or None when it does not count (module docstring)."""
+    if not usage:
         return None
-    if not timing.ahead:
-        return timing.headers_s
-    before = [v for seq, v in state.first_bytes.items() if seq < timing.sequence]
-    if not before:
-        return None
-    last_s, last_streamed = max(before)
-    if not last_streamed:
-        return None
-    return max(timing.headers_s, last_s)
-
-
-def prefill_sample(state: BackendState, candidate: Candidate, timing: DispatchTiming, first_content_s: float,
-                   usage: dict[str, Any]) -> PrefillSample | None:
-    """The request's `PrefillSample`, or None when it does not count (module docstring)."""
-    start_s = prefill_start_s(state, timing)
     prompt = usage.get("prompt_tokens")
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if start_s is None or not isinstance(prompt, int) or not isinstance(cached, int) or not 0 <= cached < prompt:
+    if not isinstance(prompt, int) or not isinstance(cached, int) or not 0 <= cached < prompt:
+        return None
+    if not timing.prefilled_alone(prompt - cached, single_step_tokens(state.spec)):
         return None
     estimated = candidate.cached_tokens
     if abs(estimated - cached) > max(CACHED_TOKENS_TOLERANCE, CACHED_TOKENS_TOLERANCE_RATIO * prompt):
@@ -102,39 +165,27 @@ def prefill_sample(state: BackendState, candidate: Candidate, timing: DispatchTi
     kv_pool = candidate.cached_kv_pool_tokens * scale
     if kv_pool and not state.spec.kv_pool_link_bytes_per_s:
         return None
-    return PrefillSample.of(state.spec, cached_hbm_tokens=cached - host - kv_pool, cached_host_tokens=host,
-                            cached_kv_pool_tokens=kv_pool, uncached_prompt_tokens=prompt - cached,
-                            first_token_s=first_content_s - start_s)
-
-
-def feed_kappa_fit(state: BackendState, candidate: Candidate, timing: DispatchTiming,
-                   first_content_s: float | None, usage: dict[str, Any] | None) -> bool:
-    """Offer a complete request to its backend's fit; returns whether it was taken. (The
-    gauges follow at the backend's next scrape: `gateway.backends.BackendSet`.)"""
-    if first_content_s is None or not usage:
-        return False
-    sample = prefill_sample(state, candidate, timing, first_content_s, usage)
-    return sample is not None and state.kappa_fit.observe(sample)
+    return PrefillPrediction.of(state.spec, cached_hbm_tokens=cached - host - kv_pool, cached_host_tokens=host,
+                                cached_kv_pool_tokens=kv_pool, uncached_prompt_tokens=prompt - cached)
 
 
 def measured_fields(state: BackendState) -> dict[str, Any]:
     """The measured κ_crit as ``/v1/kappa/backends`` shows it: ``kappa_crit_linear_measured``
-    (null until measured), its ``_ci`` ([low, high]) and ``kappa_fit`` (the interval's level,
-    samples by class and link, u, v, a: `router.kappa_fit.KappaCritMeasurement`)."""
+    (null until measured), ``kappa_crit_linear_measured_ci`` ([low, high], 95%) and
+    ``kappa_fit`` (intervals and requests fitted, u, v, w: `router.kappa_fit.KappaCritMeasurement`)."""
     fit = state.kappa_fit
     m = fit.measurement()
-    held_compute, held_load = fit.samples
     if m is None:
         return {"kappa_crit_linear_measured": None, "kappa_crit_linear_measured_ci": None,
-                "kappa_fit": {"samples_held": {"compute": held_compute, "load": held_load}}}
+                "kappa_fit": {"intervals_held": fit.intervals}}
     return {
         "kappa_crit_linear_measured": m.kappa_crit_linear,
         "kappa_crit_linear_measured_ci": [m.ci_low, m.ci_high if math.isfinite(m.ci_high) else None],
         "kappa_fit": {
-            "ci_level": m.ci_level,
-            "samples": {"compute": m.compute_samples, "load": m.load_samples, "kv_pool_load": m.kv_pool_load_samples},
-            "samples_held": {"compute": held_compute, "load": held_load},
+            "intervals_held": fit.intervals, "intervals": m.intervals,
+            "requests": {"compute": m.compute_requests, "load": m.load_requests,
+                         "kv_pool_load": m.kv_pool_load_requests},
             "compute_time_ratio": m.compute_time_ratio, "load_time_ratio": m.load_time_ratio,
-            "overhead_s": m.overhead_s,
+            "hbm_time_ratio": m.hbm_time_ratio,
         },
     }

@@ -31,7 +31,7 @@ import aiohttp
 from dispatch import Plan
 from gateway.attempts import ClientWatch, FirstByte
 from gateway.errors import ClientGone, ShuttingDown, UpstreamReset, UpstreamTimeout
-from gateway.kappa_feed import feed_kappa_fit
+from gateway.kappa_feed import prediction
 from gateway.sse import SseObserver, error_tail, usage_from_body
 from gateway.state import GatewayState
 
@@ -187,6 +187,8 @@ class Relay:
         t.count_request(sent.state.id, self.plan.request.model, self.plan.decision.policy, est.regime.value, outcome)
         if outcome == "ok":
             _observe(gw, self.plan, sent, self.observer)
+        else:
+            sent.state.prefill_feed.ended_otherwise = True
 
 
 def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) -> None:
@@ -197,7 +199,7 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
     series.response_headers[timing.stream].observe(timing.headers_s - obs.start_s)
     if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
         series.ttft.observe(obs.ttft_s)
-    feed_kappa_fit(state, c, timing, obs.first_content_s, obs.usage)
+    state.prefill_feed.completed_request(prediction(state, c, timing, obs.usage))
     for gap in obs.itl_s:
         series.itl.observe(gap)
     series.e2e.observe(gw.clock() - obs.start_s)

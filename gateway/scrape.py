@@ -22,6 +22,8 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
     usage: list[float] = []
     block_size = num_blocks = start = None
     queries = hits = 0.0
+    prefill_count: float | None = None
+    prefill_sum = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
@@ -40,6 +42,10 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
                 queries += sample.value
             elif name == "vllm:prefix_cache_hits_total":
                 hits += sample.value
+            elif name == "vllm:request_prefill_time_seconds_count":
+                prefill_count = (prefill_count or 0.0) + sample.value
+            elif name == "vllm:request_prefill_time_seconds_sum":
+                prefill_sum += sample.value
     return BackendMetrics(
         num_requests_waiting=int(waiting),
         num_requests_running=int(running),
@@ -49,6 +55,8 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
         process_start_time_s=start,
         prefix_cache_queries_tokens=queries,
         prefix_cache_hits_tokens=hits,
+        prefill_time_count=prefill_count,
+        prefill_time_sum_s=prefill_sum,
     )
 
 

@@ -15,7 +15,7 @@ transfer-bound share read 0 after transfer-bound requests).
 | ``gateway_kappa_ratio`` | histogram (log buckets 0.01…1e5) | backend |
 | ``gateway_kappa_crit`` | gauge | backend, kind=predicted\\|measured (linear κ_crit; measured: `router.kappa_fit`) |
 | ``gateway_kappa_crit_measured_interval`` | gauge | backend, bound=low\\|high (the measured κ_crit's confidence interval) |
-| ``gateway_kappa_fit_samples`` | gauge | backend, kind=compute\\|load (samples behind the measured κ_crit) |
+| ``gateway_kappa_fit_requests`` | gauge | backend, kind=compute\\|load (requests behind the measured κ_crit) |
 | ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_kv_pool\\|uncached (index estimate) |
 | ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
 | ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend (TTFT, ITL: streams only) |
@@ -76,15 +76,14 @@ class Telemetry:
         self.kappa_ratio = Histogram("gateway_kappa_ratio", "κ_ratio = K/T of routed requests on the chosen backend.",
                                      ["backend"], buckets=KAPPA_BUCKETS, registry=r)
         self.kappa_crit = Gauge("gateway_kappa_crit", "Linear κ_crit per backend at its host link: predicted from "
-                                "profiles; measured (router.kappa_fit: queue-free prefill times against the "
-                                "cost model) once it has enough compute- and load-bound samples.",
+                                "profiles; measured (router.kappa_fit: the backend's own prefill times against "
+                                "the cost model) once it has enough compute- and load-bound requests.",
                                 ["backend", "kind"], registry=r)
         self.kappa_crit_interval = Gauge("gateway_kappa_crit_measured_interval",
-                                         "Confidence interval of the measured κ_crit (distribution-free; its level "
-                                         "is in /v1/kappa/backends: >= 0.95 from 7 load-bound samples).",
+                                         "95% confidence interval of the measured κ_crit (router.kappa_fit).",
                                          ["backend", "bound"], registry=r)
-        self.kappa_fit_samples = Gauge("gateway_kappa_fit_samples", "Samples behind the measured κ_crit: "
-                                       "compute-bound and load-bound queue-free prefills (router.kappa_fit).",
+        self.kappa_fit_samples = Gauge("gateway_kappa_fit_requests", "Requests behind the measured κ_crit: "
+                                       "compute-bound and load-bound prefills the fit used (router.kappa_fit).",
                                        ["backend", "kind"], registry=r)
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)
@@ -165,8 +164,8 @@ class Telemetry:
         self.kappa_crit.labels(backend_id, "measured").set(measured.kappa_crit_linear)
         self.kappa_crit_interval.labels(backend_id, "low").set(measured.ci_low)
         self.kappa_crit_interval.labels(backend_id, "high").set(measured.ci_high)
-        self.kappa_fit_samples.labels(backend_id, "compute").set(measured.compute_samples)
-        self.kappa_fit_samples.labels(backend_id, "load").set(measured.load_samples)
+        self.kappa_fit_samples.labels(backend_id, "compute").set(measured.compute_requests)
+        self.kappa_fit_samples.labels(backend_id, "load").set(measured.load_requests)
 
     def backend(self, backend_id: str) -> BackendSeries:
         """The per-request series of one backend, resolved once (``labels()`` costs µs per call)."""

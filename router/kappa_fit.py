@@ -1,4 +1,4 @@
-"""Measured κ_crit of one backend: an online fit of queue-free prefill times against the cost model.
+"""Measured κ_crit of one backend: an online fit of the engine's own prefill times against the cost model.
 
 **Which quantity.** The *linear* κ_crit at the backend's host link (`router.kappa`,
 Meng, Lee & Wang, arXiv 2601.19910):
@@ -10,51 +10,46 @@ and the link bandwidth measured instead of read from the hardware catalog. It is
 request's attention-aware κ_crit(T) (`router.cost.CostEstimate.kappa_crossover`), which
 follows from the same two rates and T.
 
-**Model.** For a request's cached tokens by tier and its T, the cost model predicts compute
-seconds t_c = prefill_flops(K, T) / C_eff and load seconds t_l = host-tier bytes / BW_host +
-pool bytes / BW_pool (`router.cost.roofline`, the formula the mock engine steps by too). A
-prefill with nothing queued ahead of it then takes, from the backend accepting it to its
-first token,
+**Model.** For a request's cached tokens by tier and its T, the cost model predicts its
+compute seconds t_c = prefill_flops(K, T) / C_eff, load seconds t_l = host-tier bytes / BW_host
++ pool bytes / BW_pool and HBM seconds t_h = (weights + KV read) / HBM bandwidth
+(`router.cost.roofline`, the formula the mock engine steps by too). Loads overlap compute
+(DESIGN.md §3), so its prefill — from the step that first schedules it to its first token,
+vLLM's ``vllm:request_prefill_time_seconds`` — takes
 
-    y = a + max(u · t_c, v · t_l)                 (loads overlap compute, DESIGN.md §3)
+    y = max(u · t_c, v · t_l, w · t_h)
 
-where a is the fixed part (the engine step it waits for, the network) and u, v are measured
-over predicted time per FLOP and per loaded byte: C_eff,measured = C_eff / u,
-BW_measured = BW / v, so
+where u, v, w are measured over predicted time per FLOP, per loaded byte and per HBM byte:
+C_eff,measured = C_eff / u, BW_measured = BW / v, and
 
     κ_crit_linear,measured = κ_crit_linear · u / v.
 
-The ratio has no unit: a mock running at time scale s has u = v = s and reads its profile's κ_crit.
+The ratio has no unit: a backend whose every second is s times the profile's reads the profile's κ_crit.
+
+**What is measured.** vLLM exports prefill times only summed, in a histogram observed when
+each request finishes; so each sample is a `PrefillInterval`: the growth of that histogram's
+sum between two scrapes, and the predictions for the requests that finished in between
+(`gateway.kappa_feed` decides which intervals are clean). Engine seconds, so neither the
+network, nor the client-side tokenisation, nor a busy gateway host enter them.
 
 **One load scale for both links.** A request loads over the host link or the fleet's KV pool
 link (`router.cost.kv_pool_link_gb_s`); the fit has one v for both: it takes the profile's
-two link figures to be off by a common factor. That holds where the host link bounds both
-(on a PCIe node the pool link is min(network, host link)). Where the pool link is the
-network's (a GH200 behind NVLink-C2C) and its loads all come from the pool, v measures the
-pool link and the host-link κ_crit follows from the profile's ratio of the two links;
-`KappaCritMeasurement.kv_pool_load_samples` says how many load samples came from the pool.
+two link figures to be off by a common factor. That holds where the host link bounds both (on
+a PCIe node the pool link is min(network, host link)). Where the pool link is the network's
+(a GH200 behind NVLink-C2C) and its loads all come from the pool, v measures the pool link
+and the host-link κ_crit follows from the profile's ratio of the two;
+`KappaCritMeasurement.kv_pool_load_requests` says how many load-bound requests were pool loads.
 
-**Which samples count** (the gateway passes only prefills with no queue of their own,
-`gateway.kappa_feed`):
+**Estimation.** Each request is put in the class whose term is largest at the current rates
+(the profile's, 1, to start); an interval's y is then linear in (u, v, w) — Σ over its
+requests of their class's predicted seconds — so a least-squares fit through the origin over
+the intervals gives the rates, with Tukey-biweight reweighting (IRLS, c = 4.685 MADs) against
+intervals slowed by a batch the gateway could not see; classes are redrawn with the new
+rates until they no longer change (≤ FIT_ROUNDS).
 
-- *compute-bound*: v·t_l ≤ u·t_c / CLASS_MARGIN; *load-bound*: v·t_l ≥ CLASS_MARGIN · u·t_c,
-  with the current fit's u/v (the profile's, 1, before there is one). Between the two the
-  max() hides which term binds, so such samples inform neither.
-- the HBM floor (weights and KV read / HBM bandwidth) at most half the larger of t_c and t_l:
-  a short prefill is bound by HBM, which neither u nor v describes.
-
-**Estimation**, robust to the slow outliers that batching and a busy host make:
-
-- a and u: the Theil–Sen line of y on t_c over the compute-bound samples (Sen 1968: the median
-  of pairwise slopes; intercept the median of y − u·t_c);
-- v: the median of (y − a) / t_l over the load-bound samples;
-- classes redrawn with the new u/v and the fit repeated until they are stable (≤ FIT_ROUNDS).
-
-**Confidence**, distribution-free: Sen's rank interval for u at 97.5% and the
-order-statistic interval for the median v at 97.5%, combined (Bonferroni) into an interval
-for κ of level ≥ 95%: [κ·u_lo/v_hi, κ·u_hi/v_lo]. With fewer than 8 load-bound samples the
-median's interval is [min, max], of coverage 1 − 2^(1−n); ``ci_level`` reports the level
-reached (0.725 with 3 samples, 0.95 from 8).
+**Confidence.** The 95% interval of κ from the weighted least-squares covariance of (u, v)
+by the delta method on log κ (an asymptotic interval: with few load-bound requests it is
+optimistic; the counts are reported beside it).
 """
 
 from __future__ import annotations
@@ -62,34 +57,30 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import NormalDist, median
 
 from router import kappa
 from router.cost import BackendSpec, roofline
 
-# Latest samples of each kind kept (a sliding window: a backend that changes shows through).
-COMPUTE_WINDOW = 128
-LOAD_WINDOW = 64
-MIN_COMPUTE_SAMPLES = 8  # a Theil–Sen line wants a few points spread over t_c
-MIN_LOAD_SAMPLES = 3  # each load-bound sample measures v on its own (after a)
-CLASS_MARGIN = 1.5  # one term at least 1.5× the other: which one binds is then not in doubt
-HBM_FLOOR_SHARE = 0.5  # the HBM floor at most half of max(t_c, t_l)
-FIT_ROUNDS = 4
-SIDE_CONFIDENCE = 0.975  # per estimate; two of them give ≥ 95% for κ (Bonferroni)
+INTERVAL_WINDOW = 256  # latest intervals kept (a sliding window: a backend that changes shows through)
+MIN_COMPUTE_REQUESTS = 8  # compute-bound requests among the intervals fitted
+MIN_LOAD_REQUESTS = 3  # load-bound ones: each measures v on its own once u is known
+FIT_ROUNDS = 6
+TUKEY_C = 4.685  # biweight tuning constant, in robust standard deviations (95% efficiency)
+MAD_TO_SD = 1.4826  # median absolute deviation → standard deviation, for normal errors
+IRLS_ROUNDS = 20
+Z_95 = 1.959964
+COMPUTE, LOAD, HBM = 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillSample:
-    """One queue-free prefill: its measured first-token time and what the profile predicts.
+class PrefillPrediction:
+    """What the profile predicts for one request's prefill, s (`router.cost.roofline`).
 
     Attributes:
-        first_token_s: measured time from the backend accepting the request to its first token, s.
-        t_compute_s, t_load_s, t_hbm_s: the profile's compute, load (host + pool) and HBM
-            seconds for it (`router.cost.roofline`).
+        t_compute_s, t_load_s, t_hbm_s: compute, load (host + pool) and HBM seconds.
         kv_pool_load_s: the part of ``t_load_s`` that comes from the fleet's KV pool, s.
     """
 
-    first_token_s: float
     t_compute_s: float
     t_load_s: float
     t_hbm_s: float
@@ -97,8 +88,8 @@ class PrefillSample:
 
     @classmethod
     def of(cls, spec: BackendSpec, *, cached_hbm_tokens: float, cached_host_tokens: float,
-           cached_kv_pool_tokens: float, uncached_prompt_tokens: float, first_token_s: float) -> PrefillSample:
-        """The sample of a request with these tokens (≥ 0) on ``spec``.
+           cached_kv_pool_tokens: float, uncached_prompt_tokens: float) -> PrefillPrediction:
+        """The prediction for a request with these tokens (≥ 0) on ``spec``.
 
         Raises:
             ValueError: pool tokens on a backend without a pool link (`router.cost.roofline`).
@@ -111,7 +102,24 @@ class PrefillSample:
                          hbm_bytes=c.weights_read_bytes(new) + c.kv_bytes(cached + new),
                          host_load_bytes=c.kv_bytes(cached_host_tokens), kv_pool_load_bytes=pool_bytes)
         pool_s = pool_bytes / spec.kv_pool_link_bytes_per_s if pool_bytes else 0.0
-        return cls(first_token_s, pass_.compute_s, pass_.load_s, pass_.hbm_s, pool_s)
+        return cls(pass_.compute_s, pass_.load_s, pass_.hbm_s, pool_s)
+
+    def seconds(self) -> tuple[float, float, float]:
+        """(t_compute_s, t_load_s, t_hbm_s), indexed by COMPUTE, LOAD, HBM."""
+        return self.t_compute_s, self.t_load_s, self.t_hbm_s
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillInterval:
+    """The prefills of the requests that finished on a backend between two scrapes.
+
+    Attributes:
+        prefill_s: their summed measured prefill time, engine seconds (≥ 0).
+        requests: the profile's prediction for each of them (non-empty).
+    """
+
+    prefill_s: float
+    requests: tuple[PrefillPrediction, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,162 +128,176 @@ class KappaCritMeasurement:
 
     Attributes:
         kappa_crit_linear: measured linear κ_crit at the host link (module docstring).
-        ci_low, ci_high: its confidence interval (distribution-free, level ``ci_level``).
-        ci_level: coverage of that interval, in (0, 1): ≥ 0.95 from 7 load-bound samples on.
-        compute_time_ratio: u, measured over predicted seconds per FLOP (C_eff,measured = C_eff / u).
-        load_time_ratio: v, measured over predicted seconds per loaded byte (BW_measured = BW / v).
-        overhead_s: a, the fixed part of a first-token time, s.
-        compute_samples, load_samples: samples in each class at this fit.
-        kv_pool_load_samples: those load-bound samples that loaded mostly from the KV pool.
+        ci_low, ci_high: its 95% confidence interval (asymptotic, module docstring).
+        compute_time_ratio, load_time_ratio, hbm_time_ratio: u, v, w (measured over predicted
+            seconds; w is None when no request was HBM-bound).
+        intervals: intervals fitted (with non-zero weight).
+        compute_requests, load_requests: requests of each class in them.
+        kv_pool_load_requests: those load-bound requests that loaded mostly from the KV pool.
     """
 
     kappa_crit_linear: float
     ci_low: float
     ci_high: float
-    ci_level: float
     compute_time_ratio: float
     load_time_ratio: float
-    overhead_s: float
-    compute_samples: int
-    load_samples: int
-    kv_pool_load_samples: int
+    hbm_time_ratio: float | None
+    intervals: int
+    compute_requests: int
+    load_requests: int
+    kv_pool_load_requests: int
 
 
 @dataclass
 class KappaCritFit:
-    """Online fit of one backend's linear κ_crit from its queue-free prefills (module docstring).
+    """Online fit of one backend's linear κ_crit from its prefill intervals (module docstring).
 
     Args:
-        spec: the backend's profile figures (predictions, and κ_crit_linear to scale).
+        spec: the backend's profile figures (κ_crit_linear to scale).
     """
 
     spec: BackendSpec
-    _compute: deque[PrefillSample] = field(default_factory=lambda: deque(maxlen=COMPUTE_WINDOW))
-    _load: deque[PrefillSample] = field(default_factory=lambda: deque(maxlen=LOAD_WINDOW))
+    _intervals: deque[PrefillInterval] = field(default_factory=lambda: deque(maxlen=INTERVAL_WINDOW))
     _version: int = 0
     _cached: tuple[int, KappaCritMeasurement | None] = (-1, None)
 
-    def observe(self, sample: PrefillSample) -> bool:
-        """Keep a sample if it can inform the fit; returns whether it was kept.
-
-        Samples whose HBM floor binds, or with a non-positive time, are dropped. The rest are
-        kept in one of two windows by the profile's prediction (loads or not beside compute);
-        `measurement` classifies them again with the fitted rates.
-        """
-        s = sample
-        if not (s.first_token_s > 0 and math.isfinite(s.first_token_s)):
+    def observe(self, interval: PrefillInterval) -> bool:
+        """Keep an interval (returns False, keeping nothing, for an empty or negative one)."""
+        if not interval.requests or not (0.0 <= interval.prefill_s < math.inf):
             return False
-        if s.t_hbm_s > HBM_FLOOR_SHARE * max(s.t_compute_s, s.t_load_s):
-            return False
-        (self._load if s.t_load_s * CLASS_MARGIN > s.t_compute_s else self._compute).append(s)
+        self._intervals.append(interval)
         self._version += 1
         return True
 
     @property
-    def samples(self) -> tuple[int, int]:
-        """(samples held without a load that could bind, samples held with one)."""
-        return len(self._compute), len(self._load)
+    def intervals(self) -> int:
+        """Intervals held."""
+        return len(self._intervals)
 
     def kappa_crit(self) -> float | None:
-        """The measured linear κ_crit, or None until there are enough samples of both kinds."""
+        """The measured linear κ_crit, or None until enough requests of both kinds were fitted."""
         m = self.measurement()
         return None if m is None else m.kappa_crit_linear
 
     def measurement(self) -> KappaCritMeasurement | None:
-        """The fit over the samples held (recomputed only after new samples), or None while there
-        are fewer than MIN_COMPUTE_SAMPLES compute-bound or MIN_LOAD_SAMPLES load-bound ones."""
+        """The fit over the intervals held (recomputed only after new ones), or None while
+        fewer than MIN_COMPUTE_REQUESTS compute-bound or MIN_LOAD_REQUESTS load-bound requests
+        are in intervals the fit kept."""
         if self._cached[0] != self._version:
             self._cached = (self._version, self._fit())
         return self._cached[1]
 
     def _fit(self) -> KappaCritMeasurement | None:
-        held = [*self._compute, *self._load]
-        ratio = 1.0  # v/u: the profile's until fitted
-        result = None
+        intervals = list(self._intervals)
+        rates = [1.0, 1.0, 1.0]
+        classes: list[list[int]] | None = None
+        fit: _Fit | None = None
+        fit_used: list[int] = []
         for _ in range(FIT_ROUNDS):
-            compute = [s for s in held if ratio * s.t_load_s * CLASS_MARGIN <= s.t_compute_s]
-            load = [s for s in held if ratio * s.t_load_s >= CLASS_MARGIN * s.t_compute_s]
-            if len(compute) < MIN_COMPUTE_SAMPLES or len(load) < MIN_LOAD_SAMPLES:
-                return None
-            line = theil_sen([s.t_compute_s for s in compute], [s.first_token_s for s in compute])
-            if line is None or line.slope <= 0:
-                return None
-            per_load = sorted((s.first_token_s - line.intercept) / s.t_load_s for s in load)
-            v = median(per_load)
-            if v <= 0:
-                return None
-            result = (line, per_load, v, compute, load)
-            new_ratio = v / line.slope
-            if abs(new_ratio / ratio - 1.0) < 1e-9:
+            new_classes = [[_class(r, rates) for r in iv.requests] for iv in intervals]
+            if new_classes == classes:
                 break
-            ratio = new_ratio
-        assert result is not None
-        line, per_load, v, compute, load = result
-        v_low, v_high, v_level = median_interval(per_load, SIDE_CONFIDENCE)
-        base = self.spec.kappa_crit_linear
+            classes = new_classes
+            rows = [[0.0, 0.0, 0.0] for _ in intervals]
+            for row, iv, cls in zip(rows, intervals, classes, strict=True):
+                for r, k in zip(iv.requests, cls, strict=True):
+                    row[k] += r.seconds()[k]
+            used = [k for k in (COMPUTE, LOAD, HBM) if any(row[k] for row in rows)]
+            if COMPUTE not in used or LOAD not in used:
+                return None
+            fit = _robust_fit([[row[k] for k in used] for row in rows], [iv.prefill_s for iv in intervals])
+            if fit is None:
+                return None
+            for k, rate in zip(used, fit.beta, strict=True):
+                if rate > 0:
+                    rates[k] = rate
+            fit_used = used
+        if fit is None or classes is None:
+            return None
+        kept = [(iv, cls) for iv, cls, w in zip(intervals, classes, fit.weights, strict=True) if w > 0]
+        counts = [sum(cls.count(k) for _, cls in kept) for k in (COMPUTE, LOAD)]
+        if counts[0] < MIN_COMPUTE_REQUESTS or counts[1] < MIN_LOAD_REQUESTS:
+            return None
+        iu, iv_ = fit_used.index(COMPUTE), fit_used.index(LOAD)
+        u, v = fit.beta[iu], fit.beta[iv_]
+        if u <= 0 or v <= 0:
+            return None
+        var_log = fit.cov[iu][iu] / u**2 + fit.cov[iv_][iv_] / v**2 - 2 * fit.cov[iu][iv_] / (u * v)
+        half = Z_95 * math.sqrt(max(var_log, 0.0))
+        value = self.spec.kappa_crit_linear * u / v
+        pool = sum(1 for iv, cls in kept for r, k in zip(iv.requests, cls, strict=True)
+                   if k == LOAD and 2 * r.kv_pool_load_s > r.t_load_s)
         return KappaCritMeasurement(
-            kappa_crit_linear=base * line.slope / v,
-            ci_low=max(base * line.slope_low / v_high, 0.0) if v_high > 0 else 0.0,
-            ci_high=base * line.slope_high / v_low if v_low > 0 else math.inf,
-            ci_level=1.0 - (1.0 - SIDE_CONFIDENCE) - (1.0 - v_level),
-            compute_time_ratio=line.slope, load_time_ratio=v, overhead_s=line.intercept,
-            compute_samples=len(compute), load_samples=len(load),
-            kv_pool_load_samples=sum(1 for s in load if s.kv_pool_load_s * 2 > s.t_load_s),
-        )
+            kappa_crit_linear=value, ci_low=value * math.exp(-half), ci_high=value * math.exp(half),
+            compute_time_ratio=u, load_time_ratio=v, hbm_time_ratio=fit.beta[fit_used.index(HBM)] if HBM in fit_used
+            else None, intervals=len(kept), compute_requests=counts[0], load_requests=counts[1],
+            kv_pool_load_requests=pool)
+
+
+def _class(r: PrefillPrediction, rates: list[float]) -> int:
+    """The term that binds this prefill at these rates: COMPUTE, LOAD or HBM."""
+    scaled = [rate * s for rate, s in zip(rates, r.seconds(), strict=True)]
+    return scaled.index(max(scaled))
 
 
 @dataclass(frozen=True, slots=True)
-class Line:
-    """A fitted line y = intercept + slope·x, with the slope's confidence interval."""
-
-    intercept: float
-    slope: float
-    slope_low: float
-    slope_high: float
+class _Fit:
+    beta: list[float]
+    cov: list[list[float]]
+    weights: list[float]
 
 
-def theil_sen(xs: list[float], ys: list[float], confidence: float = SIDE_CONFIDENCE) -> Line | None:
-    """Theil–Sen line through (xs, ys) with Sen's rank interval for the slope.
+def _robust_fit(rows: list[list[float]], ys: list[float]) -> _Fit | None:
+    """Least squares through the origin of ys on rows, Tukey-biweight reweighted (IRLS).
 
-    Slope: the median of the slopes between every pair of points with distinct x; intercept:
-    the median of y − slope·x. The interval is Sen's (1968), as ``scipy.stats.theilslopes``
-    computes it (ties in x ignored). O(n²) pairs: meant for windows of ~100 points.
-
-    Returns:
-        The line, or None when fewer than two distinct x values exist.
+    Returns the coefficients, their covariance (residual variance × (XᵀWX)⁻¹) and the final
+    weights; None when the system is singular or fewer rows than coefficients carry weight.
     """
-    n = len(xs)
-    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i])
-    if not slopes:
-        return None
-    slope = median(slopes)
-    intercept = median(y - slope * x for x, y in zip(xs, ys, strict=True))
-    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
-    spread = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
-    count = len(slopes)
-    low = min(max(round((count - spread) / 2.0) - 1, 0), count - 1)
-    high = min(max(round((count + spread) / 2.0), 0), count - 1)
-    return Line(intercept, slope, slopes[low], slopes[high])
-
-
-def median_interval(ordered: list[float], confidence: float = SIDE_CONFIDENCE) -> tuple[float, float, float]:
-    """Distribution-free interval for the median of sorted values: (low, high, level).
-
-    [x_(k), x_(n−k+1)] with the largest k whose binomial tail P(Bin(n, ½) < k) ≤ (1 − confidence)/2,
-    so its coverage is at least ``confidence``; when even [min, max] falls short (n < 8 at
-    97.5%) it is [min, max] at its own level 1 − 2^(1−n).
-
-    Raises:
-        IndexError: ``ordered`` is empty.
-    """
-    n = len(ordered)
-    alpha_half = (1.0 - confidence) / 2.0
-    k, tail = 0, 0.0  # tail = P(Bin(n, ½) ≤ k − 1)
-    while k < n // 2:
-        next_tail = tail + math.comb(n, k) / 2.0**n
-        if next_tail > alpha_half:
+    p = len(rows[0])
+    weights = [1.0] * len(rows)
+    beta: list[float] | None = None
+    inverse: list[list[float]] | None = None
+    for _ in range(IRLS_ROUNDS):
+        xtx = [[sum(w * row[a] * row[b] for w, row in zip(weights, rows, strict=True)) for b in range(p)]
+               for a in range(p)]
+        xty = [sum(w * row[a] * y for w, row, y in zip(weights, rows, ys, strict=True)) for a in range(p)]
+        inverse = _inverse(xtx)
+        if inverse is None:
+            return None
+        new_beta = [sum(inverse[a][b] * xty[b] for b in range(p)) for a in range(p)]
+        residuals = [y - sum(b * x for b, x in zip(new_beta, row, strict=True)) for row, y in zip(rows, ys, strict=True)]
+        scale = MAD_TO_SD * sorted(abs(r) for r in residuals)[len(residuals) // 2]
+        if scale <= 1e-12 * max(abs(y) for y in ys):  # (nearly) exact data: every row fits
+            weights = [1.0] * len(rows)
+        else:
+            weights = [(1 - (r / (TUKEY_C * scale)) ** 2) ** 2 if abs(r) < TUKEY_C * scale else 0.0 for r in residuals]
+        converged = beta is not None and all(abs(a - b) <= 1e-9 * max(abs(a), 1e-12) for a, b in zip(new_beta, beta))
+        beta = new_beta
+        if converged:
             break
-        tail, k = next_tail, k + 1
-    k = max(k, 1)
-    level = 1.0 - 2.0 * (sum(math.comb(n, i) for i in range(k)) / 2.0**n)
-    return ordered[k - 1], ordered[n - k], level
+    assert beta is not None and inverse is not None
+    residuals = [y - sum(b * x for b, x in zip(beta, row, strict=True)) for row, y in zip(rows, ys, strict=True)]
+    dof = sum(weights) - p
+    if dof <= 0:
+        return None
+    variance = sum(w * r * r for w, r in zip(weights, residuals, strict=True)) / dof
+    return _Fit(beta, [[variance * x for x in row] for row in inverse], weights)
+
+
+def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:
+    """Gauss–Jordan inverse of a small square matrix, or None when it is singular."""
+    n = len(matrix)
+    m = [row[:] + [1.0 if i == j else 0.0 for j in range(n)] for i, row in enumerate(matrix)]
+    scale = max((abs(x) for row in matrix for x in row), default=0.0)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) <= 1e-12 * scale:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        lead = m[col][col]
+        m[col] = [x / lead for x in m[col]]
+        for r in range(n):
+            if r != col and m[r][col]:
+                factor = m[r][col]
+                m[r] = [x - factor * y for x, y in zip(m[r], m[col], strict=True)]
+    return [row[n:] for row in m]
