@@ -15,7 +15,8 @@ gateway more than 10 ms late.
   completed there since the last scrape (its count minus ours is unchanged): no other client's
   request, no request whose end reached the gateway after the scrape, no restart;
 - no request of this gateway's there ended otherwise in between (client gone, upstream failure);
-- each of those requests can be predicted: it completed with ``usage`` whose ``cached_tokens``
+- each of those requests can be predicted: it completed with ``usage`` (a stream: with
+  ``stream_options.include_usage``) whose ``cached_tokens``
   agrees with the index's estimate within `CACHED_TOKENS_TOLERANCE` tokens or
   `CACHED_TOKENS_TOLERANCE_RATIO` of the prompt (otherwise which tier its cached tokens came
   from is unknown; the reported counts are used, the estimate only splits the cached tokens by
@@ -80,7 +81,7 @@ class DispatchTiming:
 
     def prefilled_alone(self, uncached_prompt_tokens: int, step_tokens: int) -> bool:
         """No other prefill shared its engine steps, at ``step_tokens`` per step (module docstring)."""
-        if len(self.ahead) > 1 or self.scraped_waiting > len(self.ahead):
+        if len(self.ahead) > 1:
             return False
         if self.ahead:
             sent_s, new_tokens = self.ahead[0]

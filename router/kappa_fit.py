@@ -40,12 +40,13 @@ a PCIe node the pool link is min(network, host link)). Where the pool link is th
 and the host-link κ_crit follows from the profile's ratio of the two;
 `KappaCritMeasurement.kv_pool_load_requests` says how many load-bound requests were pool loads.
 
-**Estimation.** Each request is put in the class whose term is largest at the current rates
-(the profile's, 1, to start); an interval's y is then linear in (u, v, w) — Σ over its
-requests of their class's predicted seconds — so a least-squares fit through the origin over
-the intervals gives the rates, with Tukey-biweight reweighting (IRLS, c = 4.685 MADs) against
-intervals slowed by a batch the gateway could not see; classes are redrawn with the new
-rates until they no longer change (≤ FIT_ROUNDS).
+**Estimation.** Each request is put in the class whose term is largest at the current rates;
+an interval's y is then linear in (u, v, w) — Σ over its requests of their class's predicted
+seconds — so a least-squares fit through the origin over the intervals gives the rates, with
+Tukey-biweight reweighting (IRLS, c = 4.685 MADs) against intervals slowed by a batch the
+gateway could not see; classes are redrawn with the new rates until they no longer change
+(≤ FIT_ROUNDS). Started from the profile's rates and from load rates up to 8× off
+(`START_LOAD_RATES`), the fit with the smallest robust residual scale is kept.
 
 **Confidence.** The 95% interval of κ from the weighted least-squares covariance of (u, v)
 by the delta method on log κ (an asymptotic interval: with few load-bound requests it is
@@ -61,10 +62,16 @@ from dataclasses import dataclass, field
 from router import kappa
 from router.cost import BackendSpec, roofline
 
-INTERVAL_WINDOW = 256  # latest intervals kept (a sliding window: a backend that changes shows through)
+INTERVAL_WINDOW = 128  # latest intervals kept (a sliding window: a backend that changes shows through)
 MIN_COMPUTE_REQUESTS = 8  # compute-bound requests among the intervals fitted
 MIN_LOAD_REQUESTS = 3  # load-bound ones: each measures v on its own once u is known
 FIT_ROUNDS = 6
+# Starting load rates v (u = w = 1): the profile's, and up to 8× off either way; the start whose
+# fit leaves the smallest robust residual scale wins (a profile far off classifies badly at first).
+# The others are tried only when the profile's start gives a fit, and no better than
+# GOOD_FIT_SCALE_RATIO of the median interval.
+START_LOAD_RATES = (1.0, 0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
+GOOD_FIT_SCALE_RATIO = 0.05
 TUKEY_C = 4.685  # biweight tuning constant, in robust standard deviations (95% efficiency)
 MAD_TO_SD = 1.4826  # median absolute deviation → standard deviation, for normal errors
 IRLS_ROUNDS = 20
@@ -163,7 +170,7 @@ class KappaCritFit:
 
     def observe(self, interval: PrefillInterval) -> bool:
         """Keep an interval (returns False, keeping nothing, for an empty or negative one)."""
-        if not interval.requests or not (0.0 <= interval.prefill_s < math.inf):
+        if not interval.requests or not 0.0 <= interval.prefill_s < math.inf:
             return False
         self._intervals.append(interval)
         self._version += 1
@@ -189,7 +196,23 @@ class KappaCritFit:
 
     def _fit(self) -> KappaCritMeasurement | None:
         intervals = list(self._intervals)
-        rates = [1.0, 1.0, 1.0]
+        if not intervals:
+            return None
+        good_scale = GOOD_FIT_SCALE_RATIO * sorted(iv.prefill_s for iv in intervals)[len(intervals) // 2]
+        best = self._fit_from(intervals, [1.0, START_LOAD_RATES[0], 1.0])
+        if best is None:  # too few requests of a class as profiled: other starts would only invent some
+            return None
+        for load_rate in START_LOAD_RATES[1:]:
+            if best[0] <= good_scale:
+                break
+            fitted = self._fit_from(intervals, [1.0, load_rate, 1.0])
+            if fitted is not None and fitted[0] < best[0]:
+                best = fitted
+        return best[1]
+
+    def _fit_from(self, intervals: list[PrefillInterval],
+                  rates: list[float]) -> tuple[float, KappaCritMeasurement] | None:
+        """The fit started from ``rates`` (u, v, w), and its robust residual scale, s."""
         classes: list[list[int]] | None = None
         fit: _Fit | None = None
         fit_used: list[int] = []
@@ -227,7 +250,7 @@ class KappaCritFit:
         value = self.spec.kappa_crit_linear * u / v
         pool = sum(1 for iv, cls in kept for r, k in zip(iv.requests, cls, strict=True)
                    if k == LOAD and 2 * r.kv_pool_load_s > r.t_load_s)
-        return KappaCritMeasurement(
+        return fit.scale, KappaCritMeasurement(
             kappa_crit_linear=value, ci_low=value * math.exp(-half), ci_high=value * math.exp(half),
             compute_time_ratio=u, load_time_ratio=v, hbm_time_ratio=fit.beta[fit_used.index(HBM)] if HBM in fit_used
             else None, intervals=len(kept), compute_requests=counts[0], load_requests=counts[1],
@@ -245,6 +268,7 @@ class _Fit:
     beta: list[float]
     cov: list[list[float]]
     weights: list[float]
+    scale: float  # robust residual scale, s
 
 
 def _robust_fit(rows: list[list[float]], ys: list[float]) -> _Fit | None:
@@ -281,7 +305,8 @@ def _robust_fit(rows: list[list[float]], ys: list[float]) -> _Fit | None:
     if dof <= 0:
         return None
     variance = sum(w * r * r for w, r in zip(weights, residuals, strict=True)) / dof
-    return _Fit(beta, [[variance * x for x in row] for row in inverse], weights)
+    scale = MAD_TO_SD * sorted(abs(r) for r in residuals)[len(residuals) // 2]
+    return _Fit(beta, [[variance * x for x in row] for row in inverse], weights, scale)
 
 
 def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:

@@ -1,13 +1,12 @@
-"""The κ_crit fit (`router.kappa_fit`): which samples count, what it estimates, how sure it is.
+"""The κ_crit fit (`router.kappa_fit`): what it estimates from prefill intervals, and how surely.
 
-Samples are built the way the gateway builds them (`PrefillSample.of` on a real profile) and
-timed by the fit's own model, y = a + max(u·t_c, v·t_l), with known u, v and a; the fit must
-give back κ_crit_linear · u / v.
+Predictions are built as the gateway builds them (`PrefillPrediction.of` on a real profile);
+each interval's measured time is the fit's own model, Σ max(u·t_c, v·t_l, w·t_h), with known
+u, v, w — so the fit must give back κ_crit_linear · u / v.
 """
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -15,12 +14,11 @@ import pytest
 from fleet_config import default_catalog
 from router.cost import BackendSpec
 from router.kappa_fit import (
-    MIN_COMPUTE_SAMPLES,
-    MIN_LOAD_SAMPLES,
+    MIN_COMPUTE_REQUESTS,
+    MIN_LOAD_REQUESTS,
     KappaCritFit,
-    PrefillSample,
-    median_interval,
-    theil_sen,
+    PrefillInterval,
+    PrefillPrediction,
 )
 
 CATALOG = default_catalog()
@@ -29,139 +27,123 @@ H100 = BackendSpec(model=CATALOG.model("llama-3.1-70b"), hardware=CATALOG.hw("h1
                    power_cap_w=350, kv_pool_link_gb_s=60)
 
 
-def sample(*, new: int, host: int = 0, pool: int = 0, hbm: int = 512, u: float, v: float, a: float,
-           noise_s: float = 0.0) -> PrefillSample:
-    shape = PrefillSample.of(H100, cached_hbm_tokens=hbm, cached_host_tokens=host, cached_kv_pool_tokens=pool,
-                             uncached_prompt_tokens=new, first_token_s=1.0)
-    y = a + max(u * shape.t_compute_s, v * shape.t_load_s) + noise_s
-    return PrefillSample(y, shape.t_compute_s, shape.t_load_s, shape.t_hbm_s, shape.kv_pool_load_s)
+def cold(rng: random.Random) -> PrefillPrediction:
+    """A new conversation: 512 cached tokens (the system prompt), 500–20,000 new: compute-bound."""
+    return PrefillPrediction.of(H100, cached_hbm_tokens=512, cached_host_tokens=0, cached_kv_pool_tokens=0,
+                                uncached_prompt_tokens=rng.randint(500, 20_000))
 
 
-def traffic(rng: random.Random, *, u: float, v: float, a: float, n_compute: int, n_load: int,
-            noise_s: float = 0.0, pool_share: float = 0.5) -> list[PrefillSample]:
-    """Cold prompts of 500–20,000 tokens and follow-ups of 20–200 new tokens on a 5,000–40,000-token
-    prefix loaded from the host tier or the pool; Gaussian noise of ``noise_s``."""
-    out = [sample(new=rng.randint(500, 20_000), u=u, v=v, a=a, noise_s=rng.gauss(0, noise_s))
-           for _ in range(n_compute)]
-    for _ in range(n_load):
-        loaded = rng.randint(5_000, 40_000)
-        tier = {"pool": loaded} if rng.random() < pool_share else {"host": loaded}
-        out.append(sample(new=rng.randint(20, 200), u=u, v=v, a=a, noise_s=rng.gauss(0, noise_s), **tier))
-    rng.shuffle(out)
+def follow_up(rng: random.Random, *, pool: bool) -> PrefillPrediction:
+    """A follow-up of 20–200 new tokens on a 10,000–40,000-token prefix loaded from the host tier or the pool."""
+    loaded = rng.randint(10_000, 40_000)
+    return PrefillPrediction.of(H100, cached_hbm_tokens=0, cached_host_tokens=0 if pool else loaded,
+                                cached_kv_pool_tokens=loaded if pool else 0, uncached_prompt_tokens=rng.randint(20, 200))
+
+
+def hbm_hit(rng: random.Random) -> PrefillPrediction:
+    """A follow-up whose whole prefix is in HBM and that adds 5–20 tokens: the HBM floor binds."""
+    return PrefillPrediction.of(H100, cached_hbm_tokens=rng.randint(500, 2_000), cached_host_tokens=0,
+                                cached_kv_pool_tokens=0, uncached_prompt_tokens=rng.randint(5, 20))
+
+
+def measured(requests: list[PrefillPrediction], u: float, v: float, w: float) -> float:
+    return sum(max(u * r.t_compute_s, v * r.t_load_s, w * r.t_hbm_s) for r in requests)
+
+
+def intervals(rng: random.Random, n: int, *, u: float, v: float, w: float = 1.0, load_share: float = 0.15,
+              hbm_share: float = 0.2) -> list[PrefillInterval]:
+    """``n`` intervals of 1–3 finished requests each."""
+    out = []
+    for _ in range(n):
+        requests = []
+        for _ in range(rng.randint(1, 3)):
+            draw = rng.random()
+            requests.append(follow_up(rng, pool=rng.random() < 0.5) if draw < load_share
+                            else hbm_hit(rng) if draw < load_share + hbm_share else cold(rng))
+        out.append(PrefillInterval(measured(requests, u, v, w), tuple(requests)))
     return out
 
 
-@pytest.mark.parametrize(("u", "v"), [(1.0, 1.0), (0.4, 0.4), (1.3, 0.7), (0.8, 2.5)],
-                         ids=["as-profiled", "time-scaled-mock", "slow-compute-fast-link", "slow-link"])
-def test_recovers_the_linear_kappa_crit_from_measured_rates(u: float, v: float) -> None:
+@pytest.mark.parametrize(("u", "v", "w"), [(1.0, 1.0, 1.0), (1.3, 0.7, 1.1), (0.8, 2.5, 1.0), (1.0, 1.0, 2.0)],
+                         ids=["as-profiled", "slow-compute-fast-link", "slow-link", "slow-hbm"])
+def test_recovers_the_linear_kappa_crit_from_measured_rates(u: float, v: float, w: float) -> None:
     fit = KappaCritFit(H100)
-    for s in traffic(random.Random(7), u=u, v=v, a=0.012, n_compute=40, n_load=10):
-        fit.observe(s)
+    for interval in intervals(random.Random(7), 60, u=u, v=v, w=w):
+        assert fit.observe(interval)
     m = fit.measurement()
     assert m is not None
     assert m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear * u / v, rel=1e-6)
-    assert (m.compute_time_ratio, m.load_time_ratio, m.overhead_s) == pytest.approx((u, v, 0.012), rel=1e-6)
+    assert (m.compute_time_ratio, m.load_time_ratio, m.hbm_time_ratio) == pytest.approx((u, v, w), rel=1e-6)
     assert m.ci_low == pytest.approx(m.kappa_crit_linear) and m.ci_high == pytest.approx(m.kappa_crit_linear)
-    assert MIN_LOAD_SAMPLES <= m.load_samples <= 10  # a faster link leaves some follow-ups compute-bound
-    assert 0 < m.kv_pool_load_samples < m.load_samples
+    assert m.load_requests >= MIN_LOAD_REQUESTS and 0 < m.kv_pool_load_requests < m.load_requests
 
 
-def test_noise_and_slow_outliers_stay_within_the_interval() -> None:
-    """5 ms of jitter and one sample in eight held up 50–500 ms (a batch it shared, a busy host)."""
+def test_noise_and_slowed_intervals_stay_within_the_interval() -> None:
+    """2% noise on every interval, and one in ten slowed 20–200% by a batch the gateway could
+    not see: the biweight drops those, and the 95% interval covers the truth."""
     rng = random.Random(3)
-    u, v = 0.4, 0.4
-    samples = traffic(rng, u=u, v=v, a=0.015, n_compute=100, n_load=24, noise_s=0.005)
-    samples = [PrefillSample(s.first_token_s + (rng.uniform(0.05, 0.5) if rng.random() < 0.125 else 0.0),
-                             s.t_compute_s, s.t_load_s, s.t_hbm_s, s.kv_pool_load_s) for s in samples]
+    noisy = []
+    for interval in intervals(rng, 150, u=1.0, v=1.0):
+        factor = rng.gauss(1.0, 0.02) * (1 + rng.uniform(0.2, 2.0) if rng.random() < 0.1 else 1.0)
+        noisy.append(PrefillInterval(interval.prefill_s * factor, interval.requests))
     fit = KappaCritFit(H100)
-    for s in samples:
-        fit.observe(s)
+    for interval in noisy:
+        fit.observe(interval)
     m = fit.measurement()
     assert m is not None
-    assert m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear, rel=0.1)
+    assert m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear, rel=0.05)
     assert m.ci_low <= H100.kappa_crit_linear <= m.ci_high
-    assert m.ci_level >= 0.95
-    assert m.ci_high / m.ci_low < 1.5
+    assert m.ci_high / m.ci_low < 1.3
+    assert m.intervals < 150  # the slowed ones carry no weight
 
 
-def test_reports_only_with_enough_samples_of_both_kinds() -> None:
+def test_a_profile_off_by_a_factor_is_reclassified() -> None:
+    """Loads 5× slower than profiled make some predicted-compute-bound follow-ups load-bound: once
+    the deep follow-ups give a first fit, the classes are redrawn with the fitted rates until they hold."""
+    fit = KappaCritFit(H100)
+    rng = random.Random(9)
+    requests = [PrefillPrediction.of(H100, cached_hbm_tokens=0, cached_host_tokens=rng.randint(3_000, 5_000),
+                                     cached_kv_pool_tokens=0, uncached_prompt_tokens=rng.randint(400, 600))
+                for _ in range(40)]
+    assert all(r.t_load_s < r.t_compute_s for r in requests)  # compute-bound as profiled …
+    assert all(5 * r.t_load_s > r.t_compute_s for r in requests)  # … load-bound as they run
+    for r in requests:
+        fit.observe(PrefillInterval(measured([r], 1.0, 5.0, 1.0), (r,)))
+    for interval in intervals(random.Random(10), 30, u=1.0, v=5.0):
+        fit.observe(interval)
+    m = fit.measurement()
+    assert m is not None and m.load_time_ratio == pytest.approx(5.0, rel=1e-6)
+    assert m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear / 5, rel=1e-6)
+
+
+def test_reports_only_with_enough_requests_of_both_kinds() -> None:
     rng = random.Random(5)
     fit = KappaCritFit(H100)
-    compute = traffic(rng, u=1, v=1, a=0.01, n_compute=MIN_COMPUTE_SAMPLES, n_load=0)
-    loads = [s for s in traffic(rng, u=1, v=1, a=0.01, n_compute=0, n_load=MIN_LOAD_SAMPLES)]
-    for s in compute[:-1] + loads:
-        fit.observe(s)
-    assert fit.measurement() is None and fit.kappa_crit() is None  # one compute-bound sample short
-    fit.observe(compute[-1])
+    assert fit.measurement() is None  # nothing yet
+    computes = [cold(rng) for _ in range(MIN_COMPUTE_REQUESTS)]
+    loads = [follow_up(rng, pool=False) for _ in range(MIN_LOAD_REQUESTS)]
+    for r in computes + loads[:-1]:
+        fit.observe(PrefillInterval(measured([r], 1, 1, 1), (r,)))
+    assert fit.measurement() is None and fit.kappa_crit() is None  # one load-bound request short
+    fit.observe(PrefillInterval(measured([loads[-1]], 1, 1, 1), (loads[-1],)))
     m = fit.measurement()
     assert m is not None and fit.kappa_crit() == m.kappa_crit_linear
-    # With 3 load-bound samples the median's interval is [min, max]: coverage 1 − 2^(1−3) = 0.75.
-    assert m.ci_level == pytest.approx(0.975 - 0.25)
+    assert (m.compute_requests, m.load_requests, m.hbm_time_ratio) == (MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS, None)
 
 
-@pytest.mark.parametrize(
-    ("new", "host", "kept"),
-    [
-        (20, 0, False),  # 20 new tokens next to 512 cached: the weights read from HBM bounds it
-        (2_000, 0, True),  # compute-bound
-        (300, 6_000, True),  # ambiguous at intake (t_l ≈ 0.94 t_c): kept for the fit to classify
-        (50, 30_000, True),  # load-bound
-    ],
-    ids=["hbm-floor", "compute", "ambiguous", "load"],
-)
-def test_which_samples_are_kept(new: int, host: int, kept: bool) -> None:
+def test_time_scale_cancels() -> None:
+    """A backend (or a mock) whose every second is 0.4 of the profile's reads the profile's κ_crit."""
     fit = KappaCritFit(H100)
-    assert fit.observe(sample(new=new, host=host, u=1, v=1, a=0.01)) is kept
-
-
-def test_ambiguous_samples_inform_neither_rate() -> None:
-    """Samples where t_l ≈ t_c are timed 10× too slow: the fit must not use them."""
-    rng = random.Random(11)
-    fit = KappaCritFit(H100)
-    for s in traffic(rng, u=1, v=1, a=0.01, n_compute=30, n_load=8):
-        fit.observe(s)
-    for _ in range(20):
-        s = sample(new=300, host=6_000, u=1, v=1, a=0.01)
-        assert 0.8 < s.t_load_s / s.t_compute_s < 1.25
-        fit.observe(PrefillSample(10 * s.first_token_s, s.t_compute_s, s.t_load_s, s.t_hbm_s))
+    for interval in intervals(random.Random(13), 40, u=0.4, v=0.4, w=0.4):
+        fit.observe(interval)
     m = fit.measurement()
     assert m is not None and m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear, rel=1e-6)
 
 
-def test_time_unit_cancels() -> None:
-    """A mock at time scale 0.4 runs every second 2.5× fast: κ_crit is unchanged."""
-    rng = random.Random(13)
-    fits = []
-    for scale in (1.0, 0.4):
-        fit = KappaCritFit(H100)
-        for s in traffic(rng, u=scale, v=scale, a=0.01, n_compute=20, n_load=5):
-            fit.observe(s)
-        fits.append(fit.measurement())
-    assert fits[0] is not None and fits[1] is not None
-    assert fits[0].kappa_crit_linear == pytest.approx(fits[1].kappa_crit_linear) == pytest.approx(
-        H100.kappa_crit_linear)
-
-
-@pytest.mark.parametrize(("n", "level"), [(3, 0.75), (6, 1 - 2 / 64), (7, 1 - 2 / 128), (20, None)],
-                         ids=["3", "6", "7", "20"])
-def test_median_interval_is_distribution_free(n: int, level: float | None) -> None:
-    ordered = [float(i) for i in range(n)]
-    low, high, got = median_interval(ordered)
-    if level is not None:  # only [min, max] reaches that far
-        assert (low, high, got) == (0.0, n - 1.0, pytest.approx(level))
-    else:  # P(Bin(20, ½) ≤ 4) = 0.0059 ≤ 0.0125 < P(≤ 5) = 0.0207: the 5th to the 16th value
-        assert (low, high) == (4.0, 15.0) and got == pytest.approx(1 - 2 * 6196 / 2**20)
-
-
-def test_theil_sen_matches_sens_published_interval() -> None:
-    """On a line with noise, Theil–Sen's slope and Sen's 97.5% interval (the values scipy's
-    ``theilslopes(y, x, 0.975)`` gives for these points)."""
-    rng = random.Random(1)
-    xs = [rng.random() for _ in range(50)]
-    ys = [1 + 2 * x + rng.gauss(0, 0.1) for x in xs]
-    line = theil_sen(xs, ys)
-    assert line is not None
-    assert (line.slope, line.slope_low, line.slope_high) == pytest.approx(
-        (2.058870883376119, 1.9642392451221, 2.1762588877647793))
-    assert theil_sen([1.0, 1.0], [2.0, 3.0]) is None
-    assert not math.isnan(line.intercept)
+@pytest.mark.parametrize("prefill_s", [-1.0, float("inf"), float("nan")], ids=["negative", "inf", "nan"])
+def test_refuses_impossible_intervals(prefill_s: float) -> None:
+    fit = KappaCritFit(H100)
+    r = cold(random.Random(1))
+    assert not fit.observe(PrefillInterval(prefill_s, (r,)))
+    assert not fit.observe(PrefillInterval(1.0, ()))
+    assert fit.intervals == 0
