@@ -118,7 +118,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         waited = Bound(min(try_s, idle_s), idle=idle_s < try_s)
         whole = Bound(try_s, idle=False)
         state = plan.targets[candidate.backend_id]
-        feed, sent_s, scraped_waiting = state.prefill_feed, gw.clock(), state.metrics.num_requests_waiting
+        feed, sent_s = state.prefill_feed, gw.clock()
         sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
         ticket = gw.routing.charge(plan, candidate)
         up_headers = headers.copy()
@@ -144,7 +144,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
             ticket.finish()
             feed.failed(sequence)
             raise
-        timing = DispatchTiming(sent_s, ahead, scraped_waiting, feed.answered(sequence), headers_s, stream)
+        timing = DispatchTiming(sent_s, ahead, feed.answered(sequence), headers_s, stream)
         ticket.first_byte()
         return FirstByte(candidate, state, ticket, resp, first, timing)
     raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover

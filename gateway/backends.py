@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,9 @@ from router.profiles import GB
 log = logging.getLogger("kappa_gateway.pool")
 
 PROBE_TIMEOUT_S = 2.0
+# An extra scrape (`BackendSet.scrape_soon`) at most this often per backend: 5/s, each ~15 ms of
+# CPU on each side (rendering and parsing ~30 kB of exposition text).
+EXTRA_SCRAPE_MIN_GAP_S = 0.2
 
 
 @dataclass(eq=False)
@@ -52,6 +56,8 @@ class BackendState(Target):
     model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
     kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit (router.kappa_fit)
     prefill_feed: PrefillFeed = field(default_factory=PrefillFeed, kw_only=True, repr=False)  # its samples
+    scrape_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True, repr=False)  # one scrape at a time
+    last_scrape_s: float = field(default=-math.inf, kw_only=True)  # loop time the last scrape began
     ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
     down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
 
@@ -89,6 +95,7 @@ class BackendSet:
         self._health_interval_s = health_interval_s
         self._scrape_interval_s = scrape_interval_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._extra_scrapes: set[asyncio.Task[None]] = set()
         for s in states:
             telemetry.init_backend(s.id, s.spec.kappa_crit_linear, in_flight=lambda s=s: s.ledger.in_flight,
                                    kv_demand_bytes=lambda s=s: s.ledger.kv_demand_bytes)
@@ -130,10 +137,25 @@ class BackendSet:
                        asyncio.create_task(self._loop(self._scrape, self._scrape_interval_s), name="scrape")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._extra_scrapes]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        self._extra_scrapes.clear()
+
+    def scrape_soon(self, state: BackendState) -> None:
+        """Scrape ``state`` now, off the regular period (at most every EXTRA_SCRAPE_MIN_GAP_S): the
+        κ_crit fit asks for it when a request ends that its interval could not attribute, or a
+        load-bound one, so that the requests finishing after it fall in a fresh interval
+        (`gateway.kappa_feed`). Does nothing before `start` or after `stop`."""
+        now_s = asyncio.get_running_loop().time()
+        if not self._tasks or now_s - state.last_scrape_s < EXTRA_SCRAPE_MIN_GAP_S:
+            return
+        state.last_scrape_s = now_s  # claimed now: a second request cannot start another
+        task = asyncio.create_task(self._scrape(state), name=f"scrape-{state.id}")
+        self._extra_scrapes.add(task)
+        task.add_done_callback(self._extra_scrapes.discard)
 
     async def _loop(self, probe: Callable[[BackendState], Awaitable[None]], interval_s: float) -> None:
         while True:
@@ -184,6 +206,11 @@ class BackendSet:
     async def _scrape(self, state: BackendState) -> None:
         if not state.healthy:
             return
+        async with state.scrape_lock:  # scrapes of one backend are applied in the order they were taken
+            state.last_scrape_s = asyncio.get_running_loop().time()
+            await self._scrape_locked(state)
+
+    async def _scrape_locked(self, state: BackendState) -> None:
         try:
             async with self._session.get(f"{state.entry.url}/metrics",
                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:

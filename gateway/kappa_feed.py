@@ -27,11 +27,17 @@ gateway more than 10 ms late.
   request of this gateway's was before its first byte there when it was sent, and that one
   fits one step (T ≤ `single_step_tokens`) and was sent `QUEUE_SETTLE_S` earlier (it
   was running, not waiting: a request waits at most one decode step when nothing is queued);
-  the scraped ``num_requests_waiting`` showed no one else's queue; and, if its own T exceeds
-  one step, nothing was sent there after it before its first byte.
+  and, if its own T exceeds one step, nothing was sent there after it before its first byte.
+  (Other clients' prefills are not seen; their requests finishing in an interval drop it.
+  The scraped ``num_requests_waiting`` cannot tell theirs from this gateway's: it lags by up
+  to a scrape interval.)
 
 Streamed or not makes no difference: the engine times the prefill either way. A backend
-that does not export the histogram gets no measured κ_crit.
+that does not export the histogram gets no measured κ_crit. When a request that spoils its
+interval ends, and when a load-bound one (the scarce kind) ends, the backend is scraped at
+once (`gateway.backends.BackendSet.scrape_soon`, at most 5 times a second): fewer requests
+share an interval with either. On the demo's traffic that is about one extra scrape per
+backend every 3 s (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -66,7 +72,6 @@ class DispatchTiming:
     Attributes:
         sent_s: ``gw.clock()`` when it was sent.
         ahead: (sent_s, estimated T) of each request of this gateway's there before its first byte then.
-        scraped_waiting: the backend's ``num_requests_waiting`` at the last scrape then.
         overtaken: a request was sent there after it, before its first byte.
         headers_s: ``gw.clock()`` when its response headers arrived.
         stream: a streamed request.
@@ -74,7 +79,6 @@ class DispatchTiming:
 
     sent_s: float
     ahead: tuple[tuple[float, int], ...]
-    scraped_waiting: int
     overtaken: bool
     headers_s: float
     stream: bool
@@ -125,10 +129,14 @@ class PrefillFeed:
         self._awaiting.pop(sequence, None)
         self.ended_otherwise = True
 
-    def completed_request(self, prediction: PrefillPrediction | None) -> None:
-        """A request completed there (``None``: one the fit cannot predict)."""
+    def completed_request(self, prediction: PrefillPrediction | None) -> bool:
+        """A request completed there (``None``: one the fit cannot predict). Returns whether an
+        early scrape would help: after an unpredictable request (the requests finishing next then
+        fall in another interval than the one it spoils) or a load-bound one (the scarce kind:
+        the fewer requests share its interval, the less likely one spoils it)."""
         self.pending.append(prediction)
         self.completed += 1
+        return prediction is None or prediction.t_load_s > max(prediction.t_compute_s, prediction.t_hbm_s)
 
     def scraped(self, count: float | None, sum_s: float) -> PrefillInterval | None:
         """Close the interval at a scrape of the histogram's ``_count`` and ``_sum``; its sample or None."""

@@ -189,6 +189,7 @@ class Relay:
             _observe(gw, self.plan, sent, self.observer)
         else:
             sent.state.prefill_feed.ended_otherwise = True
+            gw.backends.scrape_soon(sent.state)
 
 
 def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) -> None:
@@ -199,7 +200,8 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
     series.response_headers[timing.stream].observe(timing.headers_s - obs.start_s)
     if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
         series.ttft.observe(obs.ttft_s)
-    state.prefill_feed.completed_request(prediction(state, c, timing, obs.usage))
+    if state.prefill_feed.completed_request(prediction(state, c, timing, obs.usage)):
+        gw.backends.scrape_soon(state)
     for gap in obs.itl_s:
         series.itl.observe(gap)
     series.e2e.observe(gw.clock() - obs.start_s)

@@ -64,7 +64,7 @@ from router.cost import BackendSpec, roofline
 
 INTERVAL_WINDOW = 128  # latest intervals kept (a sliding window: a backend that changes shows through)
 MIN_COMPUTE_REQUESTS = 8  # compute-bound requests among the intervals fitted
-MIN_LOAD_REQUESTS = 3  # load-bound ones: each measures v on its own once u is known
+MIN_LOAD_REQUESTS = 2  # load-bound ones: each measures v on its own once u is known; two check each other
 FIT_ROUNDS = 6
 # Starting load rates v (u = w = 1): the profile's, and up to 8× off either way; the start whose
 # fit leaves the smallest robust residual scale wins (a profile far off classifies badly at first).

@@ -13,9 +13,8 @@ CATALOG = default_catalog()
 R = PrefillPrediction(0.1, 0.0, 0.01)
 
 
-def timing(*, ahead: tuple[tuple[float, int], ...] = (), waiting: int = 0, overtaken: bool = False) -> DispatchTiming:
-    return DispatchTiming(sent_s=10.0, ahead=ahead, scraped_waiting=waiting, overtaken=overtaken, headers_s=10.01,
-                          stream=True)
+def timing(*, ahead: tuple[tuple[float, int], ...] = (), overtaken: bool = False) -> DispatchTiming:
+    return DispatchTiming(sent_s=10.0, ahead=ahead, overtaken=overtaken, headers_s=10.01, stream=True)
 
 
 @pytest.mark.parametrize(
@@ -28,11 +27,9 @@ def timing(*, ahead: tuple[tuple[float, int], ...] = (), waiting: int = 0, overt
         (timing(ahead=((9.99, 1_000),)), 500, False),  # sent 10 ms before: may still wait, and be admitted with it
         (timing(ahead=((9.9, 9_000),)), 500, False),  # a chunked prefill ahead: its last chunk shares a step
         (timing(ahead=((9.8, 100), (9.9, 100))), 500, False),  # two ahead: the second waits and joins
-        (timing(waiting=1), 500, False),  # someone else's queue
-        (timing(ahead=((9.9, 100),), waiting=1), 500, True),  # the one waiting at the scrape was ours
     ],
     ids=["alone", "overtaken-one-step", "overtaken-chunked", "one-running-ahead", "one-just-ahead",
-         "chunked-ahead", "two-ahead", "foreign-queue", "own-queue"],
+         "chunked-ahead", "two-ahead"],
 )
 def test_prefilled_alone(t: DispatchTiming, new_tokens: int, alone: bool) -> None:
     assert QUEUE_SETTLE_S < 0.1
