@@ -13,6 +13,7 @@ it reads in modelled seconds (at time scale 1 the two agree).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -95,6 +96,19 @@ def _scrape(url: str) -> dict[str, float]:
     return out
 
 
+def _measured_kappa_crit(url: str) -> dict[str, dict[str, Any]]:
+    """Backend id → the gateway's measured κ_crit (``kappa_crit_linear_measured``, its ``_ci`` and the
+    load-bound requests behind it) from ``/v1/kappa/backends``; empty if unreachable."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/kappa/backends", timeout=5.0) as resp:
+            backends = json.load(resp)["backends"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return {}
+    return {b["id"]: {"value": b.get("kappa_crit_linear_measured"), "ci": b.get("kappa_crit_linear_measured_ci"),
+                      "load_requests": (b.get("kappa_fit") or {}).get("requests", {}).get("load", 0)}
+            for b in backends}
+
+
 def workload(requests: int, trace: Path | None, rate_rps: float, seed: int) -> list[TraceRequest]:
     if trace is not None:
         return load_trace(trace, limit=requests)
@@ -117,7 +131,9 @@ def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rat
                                      concurrency=512, progress=progress))
         backend_metrics = {b.id: _scrape(b.url) for b in settings.backends}
         gateway_metrics = _scrape(url)
+        measured = _measured_kappa_crit(url)
     report = build_report(settings, results, backend_metrics, gateway_metrics, time_scale)
+    report["kappa_crit_measured"] = measured
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["workload"] = str(trace) if trace else f"built-in Mooncake-like generator, {rate_rps:g} req/s, seed {seed}"
     return report
