@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 
 from router import kappa
 from router.cost import BackendSpec, roofline
+from router.least_squares import RobustFit, robust_least_squares
 
 INTERVAL_WINDOW = 128  # latest intervals kept (a sliding window: a backend that changes shows through)
 MIN_COMPUTE_REQUESTS = 8  # compute-bound requests among the intervals fitted
@@ -72,9 +73,6 @@ FIT_ROUNDS = 6
 # GOOD_FIT_SCALE_RATIO of the median interval.
 START_LOAD_RATES = (1.0, 0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
 GOOD_FIT_SCALE_RATIO = 0.05
-TUKEY_C = 4.685  # biweight tuning constant, in robust standard deviations (95% efficiency)
-MAD_TO_SD = 1.4826  # median absolute deviation → standard deviation, for normal errors
-IRLS_ROUNDS = 20
 Z_95 = 1.959964
 COMPUTE, LOAD, HBM = 0, 1, 2
 
@@ -214,7 +212,7 @@ class KappaCritFit:
                   rates: list[float]) -> tuple[float, KappaCritMeasurement] | None:
         """The fit started from ``rates`` (u, v, w), and its robust residual scale, s."""
         classes: list[list[int]] | None = None
-        fit: _Fit | None = None
+        fit: RobustFit | None = None
         fit_used: list[int] = []
         for _ in range(FIT_ROUNDS):
             new_classes = [[_class(r, rates) for r in iv.requests] for iv in intervals]
@@ -228,7 +226,7 @@ class KappaCritFit:
             used = [k for k in (COMPUTE, LOAD, HBM) if any(row[k] for row in rows)]
             if COMPUTE not in used or LOAD not in used:
                 return None
-            fit = _robust_fit([[row[k] for k in used] for row in rows], [iv.prefill_s for iv in intervals])
+            fit = robust_least_squares([[row[k] for k in used] for row in rows], [iv.prefill_s for iv in intervals])
             if fit is None:
                 return None
             for k, rate in zip(used, fit.beta, strict=True):
@@ -261,68 +259,3 @@ def _class(r: PrefillPrediction, rates: list[float]) -> int:
     """The term that binds this prefill at these rates: COMPUTE, LOAD or HBM."""
     scaled = [rate * s for rate, s in zip(rates, r.seconds(), strict=True)]
     return scaled.index(max(scaled))
-
-
-@dataclass(frozen=True, slots=True)
-class _Fit:
-    beta: list[float]
-    cov: list[list[float]]
-    weights: list[float]
-    scale: float  # robust residual scale, s
-
-
-def _robust_fit(rows: list[list[float]], ys: list[float]) -> _Fit | None:
-    """Least squares through the origin of ys on rows, Tukey-biweight reweighted (IRLS).
-
-    Returns the coefficients, their covariance (residual variance × (XᵀWX)⁻¹) and the final
-    weights; None when the system is singular or fewer rows than coefficients carry weight.
-    """
-    p = len(rows[0])
-    weights = [1.0] * len(rows)
-    beta: list[float] | None = None
-    inverse: list[list[float]] | None = None
-    for _ in range(IRLS_ROUNDS):
-        xtx = [[sum(w * row[a] * row[b] for w, row in zip(weights, rows, strict=True)) for b in range(p)]
-               for a in range(p)]
-        xty = [sum(w * row[a] * y for w, row, y in zip(weights, rows, ys, strict=True)) for a in range(p)]
-        inverse = _inverse(xtx)
-        if inverse is None:
-            return None
-        new_beta = [sum(inverse[a][b] * xty[b] for b in range(p)) for a in range(p)]
-        residuals = [y - sum(b * x for b, x in zip(new_beta, row, strict=True)) for row, y in zip(rows, ys, strict=True)]
-        scale = MAD_TO_SD * sorted(abs(r) for r in residuals)[len(residuals) // 2]
-        if scale <= 1e-12 * max(abs(y) for y in ys):  # (nearly) exact data: every row fits
-            weights = [1.0] * len(rows)
-        else:
-            weights = [(1 - (r / (TUKEY_C * scale)) ** 2) ** 2 if abs(r) < TUKEY_C * scale else 0.0 for r in residuals]
-        converged = beta is not None and all(abs(a - b) <= 1e-9 * max(abs(a), 1e-12) for a, b in zip(new_beta, beta))
-        beta = new_beta
-        if converged:
-            break
-    assert beta is not None and inverse is not None
-    residuals = [y - sum(b * x for b, x in zip(beta, row, strict=True)) for row, y in zip(rows, ys, strict=True)]
-    dof = sum(weights) - p
-    if dof <= 0:
-        return None
-    variance = sum(w * r * r for w, r in zip(weights, residuals, strict=True)) / dof
-    scale = MAD_TO_SD * sorted(abs(r) for r in residuals)[len(residuals) // 2]
-    return _Fit(beta, [[variance * x for x in row] for row in inverse], weights, scale)
-
-
-def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:
-    """Gauss–Jordan inverse of a small square matrix, or None when it is singular."""
-    n = len(matrix)
-    m = [row[:] + [1.0 if i == j else 0.0 for j in range(n)] for i, row in enumerate(matrix)]
-    scale = max((abs(x) for row in matrix for x in row), default=0.0)
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) <= 1e-12 * scale:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        lead = m[col][col]
-        m[col] = [x / lead for x in m[col]]
-        for r in range(n):
-            if r != col and m[r][col]:
-                factor = m[r][col]
-                m[r] = [x - factor * y for x, y in zip(m[r], m[col], strict=True)]
-    return [row[n:] for row in m]

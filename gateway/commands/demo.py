@@ -3,7 +3,8 @@
 Starts the four mock backends (child processes) and the gateway (a child process, embedded
 index) on free loopback ports, replays a workload through real HTTP (`gateway.commands.replay`),
 and reports per backend: requests, regime split, κ_ratio p50/p90, prefix hit rate, TTFT
-p50/p90 and energy (from each mock's ``mock_vllm:energy_joules_total``). Every process it
+p50/p90 and energy (from each mock's ``mock_vllm:energy_joules_total``), and the κ_crit the
+gateway measured with its 95% interval (``/v1/kappa/backends``, `router.kappa_fit`). Every process it
 started is ended by its pid when it finishes.
 
 TTFT is measured by the client on the wall clock and divided by the mocks' time scale, so

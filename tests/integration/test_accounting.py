@@ -12,7 +12,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gateway_support import MOCK_MODEL, Gateway, backend_doc, poll, run_gateway, run_mocks
+from tests.integration.gateway_support import (
+    MOCK_MODEL,
+    Gateway,
+    backend_doc,
+    poll,
+    run_gateway,
+    run_mocks,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,14 @@ from gateway.scrape import parse_vllm_metrics
 from router import kappa
 from router.cost import BackendSpec
 from router.kappa_fit import MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS
-from tests.integration.gateway_support import MOCK_MODEL, Gateway, backend_doc, poll, run_gateway, run_mocks
+from tests.integration.gateway_support import (
+    MOCK_MODEL,
+    Gateway,
+    backend_doc,
+    poll,
+    run_gateway,
+    run_mocks,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,13 @@ from prometheus_client import CollectorRegistry
 from fleet_config.catalog import default_catalog
 from fleet_config.settings import load_settings
 from gateway.app import create_app
-from gateway.commands.demo import DEFAULT_CONFIG, DEFAULT_RATE_RPS, DEFAULT_TIME_SCALE, on_free_ports, workload
+from gateway.commands.demo import (
+    DEFAULT_CONFIG,
+    DEFAULT_RATE_RPS,
+    DEFAULT_TIME_SCALE,
+    on_free_ports,
+    workload,
+)
 from gateway.commands.fleet import mock_fleet
 from gateway.commands.replay import replay
 from mock_vllm.app_factory import build_backend_app

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from fleet_config import default_catalog
-from gateway.kappa_feed import QUEUE_SETTLE_S, DispatchTiming, PrefillFeed, single_step_tokens
+from gateway.kappa_feed import (
+    QUEUE_SETTLE_S,
+    DispatchTiming,
+    PrefillFeed,
+    single_step_tokens,
+)
 from router.cost import BackendSpec
 from router.kappa_fit import PrefillPrediction
 
