@@ -1,8 +1,8 @@
 """The gateway's own account of what it sent where: one `Ledger` per backend, one `Ticket` per request.
 
 Charged at decision time, not after (REFERENCE.md §6: least-loaded counts at decision
-time): the request's in-flight count, the KV bytes it occupies ((K+T+max_tokens)·B_kv,
-less a prefix other requests there already hold; `router.candidates`) and its predicted
+time): the request's in-flight count, the KV bytes it occupies ((K+T+n·max_tokens)·B_kv for n
+output sequences, less a prefix other requests there already hold; `router.cost.kv_demand_bytes`) and its predicted
 prefill seconds. The prefill is released at the first byte (the backend has done it), the
 rest when the request ends, however it ends. The gateway runs tickets live; the simulator
 runs the same tickets in virtual time.
@@ -22,6 +22,9 @@ class Ledger:
 
     Attributes:
         in_flight: requests sent there and not yet ended.
+        awaiting_first_byte: those of them still before their first byte (queued or in prefill there).
+        dispatched_total: requests ever charged here (a sequence number: a request whose first
+            byte comes when it has grown by exactly one shared the backend with none sent after it).
         kv_demand_bytes: KV bytes charged to them, bytes.
         outstanding_prefill_s: predicted prefill seconds of those not yet past their first byte.
         recorded_blocks: index blocks recorded for the backend since it was last forgotten (its
@@ -34,6 +37,8 @@ class Ledger:
     """
 
     in_flight: int = 0
+    awaiting_first_byte: int = 0
+    dispatched_total: int = 0
     kv_demand_bytes: float = 0.0
     outstanding_prefill_s: float = 0.0
     recorded_blocks: int = 0
@@ -73,6 +78,8 @@ class Ticket:
         self._on_finish = on_finish
         self._first = self._done = False
         ledger.in_flight += 1
+        ledger.awaiting_first_byte += 1
+        ledger.dispatched_total += 1
         ledger.kv_demand_bytes += kv_bytes
         ledger.outstanding_prefill_s += prefill_s
         if ledger.on_change is not None:
@@ -86,6 +93,7 @@ class Ticket:
         """The backend answered: its prefill is done, release the predicted prefill seconds."""
         if not self._first:
             self._first = True
+            self.ledger.awaiting_first_byte -= 1
             self.ledger.outstanding_prefill_s = max(self.ledger.outstanding_prefill_s - self.prefill_s, 0.0)
             if self.ledger.on_change is not None:
                 self.ledger.on_change()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
@@ -61,13 +61,15 @@ class RoutableRequest:
         model: the served model name.
         hashes: the prompt's chained block hashes (`prefix_index.block_hashes`).
         prompt_bytes: length of its canonical prompt bytes (tokens ≈ bytes / bytes-per-token).
-        max_tokens: tokens it may generate (its KV grows by as much).
+        max_tokens: tokens it may generate per sequence (its KV grows by as much).
+        sequences: output sequences (OpenAI's ``n``, ≥ 1): each holds its own output KV.
     """
 
     model: str
     hashes: Sequence[int]
     prompt_bytes: int
     max_tokens: int
+    sequences: int = field(default=1, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,7 @@ class Dispatcher:
             max_tokens=request.max_tokens,
             prompt_blocks=len(request.hashes),
             block_size_tokens=tokens_per_block,
+            sequences=request.sequences,
         )
         views = tuple(_view(t, matches.get(t.id, NO_MATCH), capacities[t.id]) for t in targets)
         if dry_run:

@@ -31,6 +31,10 @@ class BackendMetrics:
         prompt_tokens_total, generation_tokens_total: ``vllm:prompt_tokens_total`` /
             ``vllm:generation_tokens_total``, tokens (restart detection, as above).
         requests_succeeded_total: ``vllm:request_success_total`` summed over ``finished_reason``.
+        prefill_time_count, prefill_time_sum_s: ``vllm:request_prefill_time_seconds``'s ``_count``
+            and ``_sum``: finished requests and their summed time from first scheduled to first
+            token, engine seconds (the κ_crit fit's measurement, `router.kappa_fit`); count None
+            when not exported.
     """
 
     num_requests_waiting: int = 0
@@ -44,6 +48,8 @@ class BackendMetrics:
     prompt_tokens_total: float = 0.0
     generation_tokens_total: float = 0.0
     requests_succeeded_total: float = 0.0
+    prefill_time_count: float | None = None
+    prefill_time_sum_s: float = 0.0
 
 
 @dataclass(eq=False)

@@ -46,6 +46,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from gateway.kappa_feed import DispatchTiming
 from gateway.state import GatewayState
 from gateway.upstream import Bound, attempt_request_id, open_response
 from router.types import Candidate
@@ -62,7 +63,7 @@ class FirstByte:
     ticket: Ticket
     resp: aiohttp.ClientResponse
     first: bytes
-    backend_idle: bool  # nothing else of this gateway's ran there when it was sent (a clean κ sample)
+    timing: DispatchTiming  # its queue and headers time (gateway.kappa_feed)
 
 
 class ClientWatch:
@@ -117,7 +118,8 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         waited = Bound(min(try_s, idle_s), idle=idle_s < try_s)
         whole = Bound(try_s, idle=False)
         state = plan.targets[candidate.backend_id]
-        idle = state.ledger.total_in_flight == 0  # no other replica's request either (gateway.peers)
+        feed, sent_s = state.prefill_feed, gw.clock()
+        sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
         ticket = gw.routing.charge(plan, candidate)
         if gw.peers is not None:  # other replicas learn of the prefill in flight through the index (gateway.peers)
             gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes, holders="backend"))
@@ -125,12 +127,13 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         up_headers["X-Request-Id"] = attempt_request_id(request_id)
         attempt = asyncio.ensure_future(open_response(
             gw.session, state.entry.url + path, body, up_headers,
-            headers_bound=waited if stream else whole, first_byte_bound=whole if stream else waited))
+            headers_bound=waited if stream else whole, first_byte_bound=whole if stream else waited, clock=gw.clock))
         try:
-            resp, first = await _first_of(attempt, watch.signal, gw.backends.down_signal(state), gw.stopping_signal(),
-                                          state.id)
+            resp, first, headers_s = await _first_of(attempt, watch.signal, gw.backends.down_signal(state),
+                                                     gw.stopping_signal(), state.id)
         except UpstreamError as exc:
             ticket.finish()  # the ledger and the in-flight chain are released on every path
+            feed.failed(sequence)
             _account(gw, state, exc)
             last_try = n == len(ranked) - 1 or exc.retry_kind not in policy.retry_on
             if last_try:
@@ -141,9 +144,11 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
             continue
         except BaseException:
             ticket.finish()
+            feed.failed(sequence)
             raise
+        timing = DispatchTiming(sent_s, ahead, feed.answered(sequence), headers_s, stream)
         ticket.first_byte()
-        return FirstByte(candidate, state, ticket, resp, first, idle)
+        return FirstByte(candidate, state, ticket, resp, first, timing)
     raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover
 
 

@@ -14,6 +14,7 @@ restarted with an empty cache and the index forgets it (`gateway.index_truth`). 
 matter where the start time is missing: vLLM serving with several API server processes
 exports its metrics in Prometheus' multiprocess mode, which has no ``process_*`` series.
 A restart no scrape saw (one with nothing to compare) is caught from usage instead.
+Each scrape also closes an interval of the backend's prefill times for its κ_crit fit (`gateway.kappa_feed`).
 
 Each backend's state is a `dispatch.Target` (its spec, last scrape and ledger, what the
 routing pipeline reads) plus what only the edge needs: its config entry, health, and the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -31,15 +33,19 @@ import aiohttp
 
 from dispatch import BackendMetrics, Target
 from fleet_config.settings import BackendEntry
+from gateway.kappa_feed import PrefillFeed
 from gateway.scrape import parse_vllm_metrics
 from gateway.telemetry import Telemetry
-from router.calibration import KappaCritFit
 from router.cost import BackendSpec
+from router.kappa_fit import KappaCritFit
 from router.profiles import GB
 
 log = logging.getLogger("kappa_gateway.pool")
 
 PROBE_TIMEOUT_S = 2.0
+# An extra scrape (`BackendSet.scrape_soon`) at most this often per backend: 5/s, each ~15 ms of
+# CPU on each side (rendering and parsing ~30 kB of exposition text).
+EXTRA_SCRAPE_MIN_GAP_S = 0.2
 
 
 @dataclass(eq=False)
@@ -52,12 +58,15 @@ class BackendState(Target):
     entry: BackendEntry = field(kw_only=True)
     healthy: bool = field(default=False, kw_only=True)
     model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
-    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit from clean TTFT samples
+    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit (router.kappa_fit)
+    prefill_feed: PrefillFeed = field(default_factory=PrefillFeed, kw_only=True, repr=False)  # its samples
+    scrape_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True, repr=False)  # one scrape at a time
+    last_scrape_s: float = field(default=-math.inf, kw_only=True)  # loop time the last scrape began
     ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
     down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
-        self.kappa_fit = KappaCritFit(predicted_kappa_crit=self.spec.kappa_crit_linear)
+        self.kappa_fit = KappaCritFit(self.spec)
 
     @classmethod
     def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:
@@ -90,6 +99,7 @@ class BackendSet:
         self._health_interval_s = health_interval_s
         self._scrape_interval_s = scrape_interval_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._extra_scrapes: set[asyncio.Task[None]] = set()
         for s in states:
             telemetry.init_backend(s.id, s.spec.kappa_crit_linear, in_flight=lambda s=s: s.ledger.in_flight,
                                    kv_demand_bytes=lambda s=s: s.ledger.kv_demand_bytes)
@@ -131,10 +141,25 @@ class BackendSet:
                        asyncio.create_task(self._loop(self._scrape, self._scrape_interval_s), name="scrape")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._extra_scrapes]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        self._extra_scrapes.clear()
+
+    def scrape_soon(self, state: BackendState) -> None:
+        """Scrape ``state`` now, off the regular period (at most every EXTRA_SCRAPE_MIN_GAP_S): the
+        κ_crit fit asks for it when a request ends that its interval could not attribute, or a
+        load-bound one, so that the requests finishing after it fall in a fresh interval
+        (`gateway.kappa_feed`). Does nothing before `start` or after `stop`."""
+        now_s = asyncio.get_running_loop().time()
+        if not self._tasks or now_s - state.last_scrape_s < EXTRA_SCRAPE_MIN_GAP_S:
+            return
+        state.last_scrape_s = now_s  # claimed now: a second request cannot start another
+        task = asyncio.create_task(self._scrape(state), name=f"scrape-{state.id}")
+        self._extra_scrapes.add(task)
+        task.add_done_callback(self._extra_scrapes.discard)
 
     async def _loop(self, probe: Callable[[BackendState], Awaitable[None]], interval_s: float) -> None:
         while True:
@@ -185,6 +210,11 @@ class BackendSet:
     async def _scrape(self, state: BackendState) -> None:
         if not state.healthy:
             return
+        async with state.scrape_lock:  # scrapes of one backend are applied in the order they were taken
+            state.last_scrape_s = asyncio.get_running_loop().time()
+            await self._scrape_locked(state)
+
+    async def _scrape_locked(self, state: BackendState) -> None:
         try:
             async with self._session.get(f"{state.entry.url}/metrics",
                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
@@ -196,6 +226,9 @@ class BackendSet:
             return
         previous = state.metrics
         state.metrics = metrics
+        interval = state.prefill_feed.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s)
+        if interval is not None and state.kappa_fit.observe(interval):
+            self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())
         if _restarted(previous, metrics):
             log.warning("backend %s restarted (process start time or counters reset): forgetting its index entries",
                         state.id)

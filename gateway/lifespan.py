@@ -107,7 +107,9 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         backends = BackendSet(states, probe_session, telemetry, on_restart=forget,
                               health_interval_s=g.health_interval_s, scrape_interval_s=g.scrape_interval_s,
                               outlier_ejection_s=g.outlier_ejection_s)
-        routing = RoutingService(settings, backends, index, build_policy(settings.routing.policy, settings.routing.params),
+        policy = build_policy(settings.routing.policy, settings.routing.params)
+        telemetry.init_requests(((b.id, b.model) for b in settings.backends), policy.name)
+        routing = RoutingService(settings, backends, index, policy,
                                  telemetry, BytesPerToken(default=settings.index.bytes_per_token),
                                  random.Random(settings.routing.seed), clock)
         state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock)

@@ -15,8 +15,8 @@ A non-streamed body is read whole, each read bounded by the idle timeout, racing
 disconnect and the end of the grace period.
 
 Settling releases the ticket, counts ``gateway_requests_total{status}`` and, for a complete
-answer, observes TTFT, ITL, E2E, κ, the prompt tokens by source, the measured κ_crit fit and
-the usage the backend reported.
+answer, observes the time to its response headers, TTFT, ITL, E2E, κ, the prompt tokens by
+source, the measured κ_crit fit (`gateway.kappa_feed`) and the usage the backend reported.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import aiohttp
 from dispatch import Plan
 from gateway.attempts import ClientWatch, FirstByte
 from gateway.errors import ClientGone, ShuttingDown, UpstreamReset, UpstreamTimeout
+from gateway.kappa_feed import prediction
 from gateway.sse import SseObserver, error_tail, usage_from_body
 from gateway.state import GatewayState
 
@@ -193,6 +194,9 @@ class Relay:
         t.count_request(sent.state.id, self.plan.request.model, self.plan.decision.policy, est.regime.value, outcome)
         if outcome == "ok":
             _observe(gw, self.plan, sent, self.observer)
+        else:
+            sent.state.prefill_feed.ended_otherwise = True
+            gw.backends.scrape_soon(sent.state)
         self._log(outcome)
 
     def _log(self, outcome: str) -> None:
@@ -217,15 +221,12 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
     """The figures of a complete answer: latencies, κ, tokens by source, the κ_crit fit, usage."""
     c, state = sent.candidate, sent.state
     series = gw.telemetry.backend(state.id)
+    timing = sent.timing
+    series.response_headers[timing.stream].observe(timing.headers_s - obs.start_s)
     if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
         series.ttft.observe(obs.ttft_s)
-        fit = state.kappa_fit
-        if not c.cached_kv_pool_tokens:  # the fit is of the host link; pool loads run at another rate
-            fit.observe(uncached_prompt_tokens=c.uncached_prompt_tokens, cached_host_tokens=c.cached_host_tokens,
-                        ttft_s=obs.ttft_s, backend_idle=sent.backend_idle)
-        measured = fit.kappa_crit()
-        if measured is not None:
-            gw.telemetry.kappa_crit_linear.labels(state.id, "measured").set(measured)
+    if state.prefill_feed.completed_request(prediction(state, c, timing, obs.usage)):
+        gw.backends.scrape_soon(state)
     for gap in obs.itl_s:
         series.itl.observe(gap)
     series.e2e.observe(gw.clock() - obs.start_s)

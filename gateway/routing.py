@@ -143,7 +143,7 @@ class RoutingService:
 
         Raises:
             BadRequest: not JSON, not an object, missing/ill-typed model, messages or prompt,
-                stream, max_tokens or cache_salt of the wrong type.
+                stream, max_tokens, n, best_of or cache_salt of the wrong type.
             ModelNotFound: no backend serves the model.
         """
         body = load_body(raw)
@@ -161,6 +161,7 @@ class RoutingService:
         if not isinstance(stream, bool) and stream is not None:
             raise BadRequest("'stream' must be a boolean.", param="stream")
         max_tokens = self._max_tokens(body, kind)
+        sequences = _sequences(body)
         if model not in self.served_models:
             raise ModelNotFound(f"The model `{excerpt(model)}` does not exist.", param="model")
         try:
@@ -171,12 +172,12 @@ class RoutingService:
             data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
         except NestingTooDeep as exc:  # well-formed, beyond the canonicaliser: relayed on load alone
             return ParsedRequest(model=model, hashes=[], prompt_bytes=len(raw), max_tokens=max_tokens, kind=kind,
-                                 stream=bool(stream), load_only_reason=exc.reason)
+                                 stream=bool(stream), sequences=sequences, load_only_reason=exc.reason)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
         return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
-                             stream=bool(stream))
+                             stream=bool(stream), sequences=sequences)
 
     @staticmethod
     def _max_tokens(body: dict[str, Any], kind: Kind) -> int:
@@ -288,3 +289,22 @@ class RoutingService:
             if self._recovery_owed:  # only a warned outage gets its recovery line
                 self._recovery_owed = False
                 log.warning("prefix index reachable again: prefix-aware routing resumed")
+
+
+def _sequences(body: dict[str, Any]) -> int:
+    """Output sequences the request makes the backend hold: OpenAI's ``n`` (choices, default 1), or
+    ``best_of`` when larger (legacy completions: that many are generated server-side and the best
+    ``n`` returned, OpenAI's API reference). Each holds its own output KV (`router.cost.kv_demand_bytes`).
+
+    Raises:
+        BadRequest: ``n`` or ``best_of`` present and not a positive integer.
+    """
+    sequences = 1
+    for key in ("n", "best_of"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise BadRequest(f"'{key}' must be a positive integer.", param=key)
+        sequences = max(sequences, value)
+    return sequences

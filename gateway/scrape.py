@@ -22,6 +22,8 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
     usage: list[float] = []
     block_size = num_blocks = start = None
     queries = hits = prompt = generation = succeeded = 0.0
+    prefill_count: float | None = None
+    prefill_sum = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
@@ -46,6 +48,10 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
                 generation += sample.value
             elif name == "vllm:request_success_total":
                 succeeded += sample.value
+            elif name == "vllm:request_prefill_time_seconds_count":
+                prefill_count = (prefill_count or 0.0) + sample.value
+            elif name == "vllm:request_prefill_time_seconds_sum":
+                prefill_sum += sample.value
     return BackendMetrics(
         num_requests_waiting=int(waiting),
         num_requests_running=int(running),
@@ -58,6 +64,8 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
         prompt_tokens_total=prompt,
         generation_tokens_total=generation,
         requests_succeeded_total=succeeded,
+        prefill_time_count=prefill_count,
+        prefill_time_sum_s=prefill_sum,
     )
 
 

@@ -7,6 +7,10 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 = K/T over every cached token, ``kappa_ratio_loaded`` = K_loaded/T (host tier + KV pool),
 ``kappa_crit_linear`` = the backend's T-independent κ_M·κ_HW. A request's own κ_crit (at its T)
 is in its ``x-kappa-crit`` header, not a metric; its regime labels ``gateway_requests_total``.
+Every labelled series a request can touch is created
+at start-up at 0 (`Telemetry.init_backend`, `Telemetry.init_requests`): ``rate()`` needs a
+series to exist before its first increment, or the first requests never show (a dashboard's
+transfer-bound share read 0 after transfer-bound requests).
 
 | metric | type | labels |
 | --- | --- | --- |
@@ -14,10 +18,13 @@ is in its ``x-kappa-crit`` header, not a metric; its regime labels ``gateway_req
 | ``gateway_routing_decision_seconds`` | histogram | policy |
 | ``gateway_kappa_ratio`` | histogram (log buckets 0.01…1e5) | backend |
 | ``gateway_kappa_ratio_loaded`` | histogram (the same buckets) | backend |
-| ``gateway_kappa_crit_linear`` | gauge | backend, kind=predicted\\|measured |
+| ``gateway_kappa_crit_linear`` | gauge | backend, kind=predicted\\|measured (measured: `router.kappa_fit`) |
+| ``gateway_kappa_crit_linear_measured_interval`` | gauge | backend, bound=low\\|high (the measured κ_crit_linear's 95% interval) |
+| ``gateway_kappa_fit_requests`` | gauge | backend, kind=compute\\|load (requests behind the measured κ_crit_linear) |
 | ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_kv_pool\\|uncached (index estimate) |
 | ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
-| ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend |
+| ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend (TTFT, ITL: streams only) |
+| ``gateway_time_to_response_headers_seconds`` | histogram | backend, stream=true\\|false |
 | ``gateway_in_flight_requests``, ``gateway_kv_demand_bytes`` | gauge | backend |
 | ``gateway_backend_up`` | gauge | backend |
 | ``gateway_upstream_retries_total`` | counter | backend (the one that failed) |
@@ -37,7 +44,7 @@ is in its ``x-kappa-crit`` header, not a metric; its regime labels ``gateway_req
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import os
 
@@ -49,6 +56,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR" in os.environ
 REFRESH_INTERVAL_S = 1.0
 
+from router.kappa import Regime
+from router.kappa_fit import KappaCritMeasurement
+
 # 0.01 … 1e5, 3 buckets per decade: κ_ratio spans 7 decades (REFERENCE.md §1: Mooncake p99 ≈ 890,
 # document QA ≈ 10,000).
 KAPPA_BUCKETS = tuple(round(m * 10.0**e, 6) for e in range(-2, 5) for m in (1, 2, 5)) + (1e5,)
@@ -57,6 +67,14 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
                    160, 320, 640, 1200, 2400, 3600)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+
+# The closed sets of ``gateway_requests_total``'s labels (created at 0 by `Telemetry.init_requests`).
+REGIMES = tuple(r.value for r in Regime)
+# What `gateway.relay.Relay.settle` records for a request a backend answered.
+RELAYED_OUTCOMES = ("ok", "client_disconnect", "shutdown", "upstream_timeout", "upstream_error", "upstream_4xx")
+# What `gateway.proxy.proxy` records, under backend "none", for requests the gateway answered itself
+# (`gateway.errors`: bad request, unknown model, body too large, upstream failure, unavailable, timeout).
+GATEWAY_ERROR_STATUSES = ("400", "401", "404", "413", "415", "500", "502", "503", "504", "client_disconnect")
 
 
 class Telemetry:
@@ -84,7 +102,14 @@ class Telemetry:
                                             "with the request's κ_crit.", ["backend"], buckets=KAPPA_BUCKETS, registry=r)
         self.kappa_crit_linear = Gauge("gateway_kappa_crit_linear", "κ_crit_linear = κ_M·κ_HW per backend (linear "
                                        "F_pf, host link, T-independent): predicted from profiles; measured "
-                                       "(router.calibration.KappaCritFit) once enough clean TTFT samples exist.",
+                                       "(router.kappa_fit: the backend's own prefill times against the cost model) "
+                                       "once it has enough compute- and load-bound requests.",
+                                       ["backend", "kind"], multiprocess_mode="mostrecent", registry=r)
+        self.kappa_crit_interval = Gauge("gateway_kappa_crit_linear_measured_interval",
+                                         "95% confidence interval of the measured κ_crit_linear (router.kappa_fit).",
+                                         ["backend", "bound"], multiprocess_mode="mostrecent", registry=r)
+        self.kappa_fit_samples = Gauge("gateway_kappa_fit_requests", "Requests behind the measured κ_crit_linear: "
+                                       "compute-bound and load-bound prefills the fit used (router.kappa_fit).",
                                        ["backend", "kind"], multiprocess_mode="mostrecent", registry=r)
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)
@@ -94,8 +119,16 @@ class Telemetry:
         self.cached_reported = Counter("gateway_cached_tokens_reported",
                                        "Cached prompt tokens the backend reported (usage.prompt_tokens_details).",
                                        ["backend"], registry=r)
-        self.ttft = Histogram("gateway_ttft_seconds", "Time to the first content chunk.", ["backend"],
+        self.ttft = Histogram("gateway_ttft_seconds", "Streamed requests only: time from receipt to the first "
+                              "content chunk. A non-streamed answer has no first-token time: see "
+                              "gateway_time_to_response_headers_seconds{stream=\"false\"}.", ["backend"],
                               buckets=LATENCY_BUCKETS, registry=r)
+        self.response_headers = Histogram(
+            "gateway_time_to_response_headers_seconds", "Time from receipt to the backend's response headers "
+            "(answered requests, retries included). stream=false: vLLM sends them with the whole answer, so this "
+            "is its time to the complete response; stream=true: it sends them once the request is tokenised and "
+            "queued, so this is the time before the queue and prefill (TTFT minus this is the backend's own).",
+            ["backend", "stream"], buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("gateway_itl_seconds", "Time between streamed chunks.", ["backend"],
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("gateway_e2e_seconds", "Time from receipt to the last byte.", ["backend"],
@@ -155,6 +188,31 @@ class Telemetry:
         self.gauge_function(self.in_flight.labels(backend_id), in_flight)
         self.gauge_function(self.kv_demand.labels(backend_id), kv_demand_bytes)
         self.backend_up.labels(backend_id).set(0)
+        for kind in ("compute", "load"):
+            self.kappa_fit_samples.labels(backend_id, kind).set(0)
+        self.backend(backend_id)  # its histograms and token counters, and headers time by stream
+
+    def init_requests(self, backends: Iterable[tuple[str, str]], policy: str) -> None:
+        """Create every ``gateway_requests_total`` series at 0: for each (backend id, its model),
+        each regime and relayed outcome, the outcome of a client gone before the first byte;
+        and the gateway's own error statuses under backend "none"."""
+        for backend, model in backends:
+            for regime in REGIMES:
+                for outcome in RELAYED_OUTCOMES:
+                    self.requests.labels(backend, model, policy, regime, outcome)
+            self.requests.labels(backend, model, policy, "none", "client_disconnect")
+        for status in GATEWAY_ERROR_STATUSES:
+            self.requests.labels("none", "none", policy, "none", status)
+
+    def set_kappa_fit(self, backend_id: str, measured: KappaCritMeasurement | None) -> None:
+        """Publish a backend's measured κ_crit, its interval and sample counts (nothing until measured)."""
+        if measured is None:
+            return
+        self.kappa_crit_linear.labels(backend_id, "measured").set(measured.kappa_crit_linear)
+        self.kappa_crit_interval.labels(backend_id, "low").set(measured.ci_low)
+        self.kappa_crit_interval.labels(backend_id, "high").set(measured.ci_high)
+        self.kappa_fit_samples.labels(backend_id, "compute").set(measured.compute_requests)
+        self.kappa_fit_samples.labels(backend_id, "load").set(measured.load_requests)
 
     def gauge_function(self, child: Gauge, value: Callable[[], float]) -> None:
         """``child`` reads ``value()``: when scraped (one process), or at each `refresh`
@@ -200,7 +258,8 @@ class BackendSeries:
     """One backend's labelled children of the per-request metrics."""
 
     __slots__ = ("ttft", "itl", "e2e", "kappa_ratio", "kappa_ratio_loaded", "cached_hbm_tokens", "cached_host_tokens",
-                 "cached_kv_pool_tokens", "uncached_prompt_tokens", "cached_estimated", "cached_reported")
+                 "cached_kv_pool_tokens", "uncached_prompt_tokens", "cached_estimated", "cached_reported",
+                 "response_headers")
 
     def __init__(self, telemetry: Telemetry, backend_id: str) -> None:
         self.ttft = telemetry.ttft.labels(backend_id)
@@ -214,3 +273,5 @@ class BackendSeries:
         self.uncached_prompt_tokens = telemetry.prompt_tokens.labels(backend_id, "uncached")
         self.cached_estimated = telemetry.cached_estimated.labels(backend_id)
         self.cached_reported = telemetry.cached_reported.labels(backend_id)
+        # by stream: index 0 non-streamed, 1 streamed
+        self.response_headers = tuple(telemetry.response_headers.labels(backend_id, s) for s in ("false", "true"))

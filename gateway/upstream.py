@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -95,13 +95,15 @@ class Bound:
 
 
 async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, headers: CIMultiDict[str], *,
-                        headers_bound: Bound, first_byte_bound: Bound) -> tuple[aiohttp.ClientResponse, bytes]:
+                        headers_bound: Bound, first_byte_bound: Bound,
+                        clock: Callable[[], float]) -> tuple[aiohttp.ClientResponse, bytes, float]:
     """POST ``body``; wait for the status line within ``headers_bound``, then for the first body
     bytes within ``first_byte_bound``.
 
     Returns:
-        The open response (the caller closes or releases it) and its first chunk (b"" for
-        an empty body). 4xx responses are returned as they are: the client's own errors.
+        The open response (the caller closes or releases it), its first chunk (b"" for an
+        empty body) and ``clock()`` when its headers arrived (s). 4xx responses are returned as
+        they are: the client's own errors.
 
     Raises:
         UpstreamUnavailable: no connection (refused, or the connect timeout).
@@ -114,6 +116,7 @@ async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, h
     try:
         async with asyncio.timeout(bound.seconds):
             resp = await session.post(url, data=body, headers=headers)
+            headers_s = clock()
             if resp.status >= 500:
                 detail = (await resp.content.read(_MAX_ERROR_BODY_BYTES)).decode("utf-8", "replace")
                 resp.release()
@@ -121,7 +124,7 @@ async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, h
         bound, what = first_byte_bound, "first byte"
         async with asyncio.timeout(bound.seconds):
             first = await resp.content.readany()
-        return resp, first
+        return resp, first, headers_s
     except UpstreamError:
         raise
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:

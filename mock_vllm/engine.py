@@ -71,6 +71,7 @@ class _Request:
     cached_host_tokens: int = 0
     cached_kv_pool_tokens: int = 0
     admitted: bool = False  # scheduled at least once (a preempted request is re-admitted)
+    scheduled_s: float | None = None  # start of the step that first scheduled it (engine s)
     held_hashes: list[int] = field(default_factory=list)  # cached blocks referenced, in order
     anonymous_blocks: int = 0
 
@@ -218,6 +219,8 @@ class MockEngine:
             if admitted is None:
                 break
             req, tokens, host_loaded, pool_loaded = admitted
+            if req.scheduled_s is None:
+                req.scheduled_s = now_s
             self._waiting.popleft()
             self._running.append(req)
             work.append((req, tokens))
@@ -343,7 +346,7 @@ class MockEngine:
             self.stats.request_success_total["length"] += 1
         return RequestOutput(req.request_id, (token_id,), req.prompt_len, req.cached_tokens,
                              req.cached_host_tokens, req.generated, finished, "length" if finished else None,
-                             req.cached_kv_pool_tokens)
+                             req.cached_kv_pool_tokens, req.scheduled_s)
 
     def _seal_full_blocks(self, req: _Request, computed_before: int) -> None:
         """Name the prompt blocks this chunk completed by their hashes (they become cacheable)."""

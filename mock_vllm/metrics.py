@@ -12,8 +12,9 @@ name) and ``engine="0"``, as vLLM's ``PrometheusStatLogger`` does.
 * Request histograms are observed as outputs reach the server, from the engine step's
   start/end timestamps: they are in **engine seconds** (model time, not scaled by
   ``--time-scale``), so a test at time-scale 0.001 reports the latencies the modelled GPU
-  would have. `RequestTiming` keeps the per-request timestamps; a request's queue time
-  runs to the start of the first step that reports it.
+  would have. `RequestTiming` keeps the per-request timestamps; as in vLLM, a request's
+  queue time runs to the start of the step that first scheduled it (a chunked prefill's
+  first chunk, `RequestOutput.scheduled_s`) and its prefill time from there to its first token.
 * ``mock_vllm:*`` series are the mock's own: power (W), energy (J), KV bytes loaded from
   the host tier and from the fleet-shared KV pool (0 without one), and how far the
   server's driver falls behind its own step schedule, in wall seconds
@@ -237,8 +238,8 @@ class MockVllmMetrics:
         Aborted requests produce no output, so they appear only in
         ``vllm:request_success{finished_reason="abort"}`` (from the engine's stats).
         """
-        if timing.scheduled_s is None:
-            timing.scheduled_s = result.start_s
+        if timing.scheduled_s is None:  # first scheduled (a chunked prefill's first chunk), as vLLM times it
+            timing.scheduled_s = output.scheduled_s if output.scheduled_s is not None else result.start_s
         if output.new_token_ids:
             if timing.first_token_s is None:
                 timing.first_token_s = result.end_s

@@ -56,7 +56,8 @@ class RequestOutput:
     ``cached_tokens`` is the prefix hit found when the request was scheduled (HBM plus
     host tier and shared pool, capped at prompt − 1 as vLLM does); ``cached_host_tokens``
     the part of it loaded from the host tier, ``cached_kv_pool_tokens`` the part loaded from
-    the fleet-shared KV pool.
+    the fleet-shared KV pool. ``scheduled_s``: the start of the step that first scheduled it
+    (engine seconds; vLLM's ``scheduled_ts``, where its queue time ends and prefill time begins).
     """
 
     request_id: str
@@ -68,6 +69,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None = None  # "length" (EOS is ignored) or "abort"
     cached_kv_pool_tokens: int = 0
+    scheduled_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

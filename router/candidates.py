@@ -3,8 +3,9 @@
 Every policy ranks the same candidates, so the explain endpoint, the response headers and
 the metrics show the same K, T, κ_ratio and κ_crit whichever policy chose.
 
-Admission (memory-aware accounting): a request occupies (K + T + max_tokens)·B_kv of KV on
-the backend that serves it — the cached prefix it pins as well as what it adds — so it is
+Admission (memory-aware accounting): a request occupies (K + T + n·max_tokens)·B_kv of KV on
+the backend that serves it, for n output sequences sharing the prompt's blocks
+(`router.cost.kv_demand_bytes`) — the cached prefix it pins as well as what it adds — so it is
 admitted where that fits the backend's free KV memory (capacity − KV already charged to
 in-flight requests by the gateway's ledger). A token-budget scheduler would count only T:
 65k cached + 32 new tokens "costs" 32 tokens there, yet pins 65k tokens of KV
@@ -42,7 +43,8 @@ def build_candidates(features: RequestFeatures, views: Sequence[BackendView]) ->
         uncached = prompt - hbm - host - kv_pool
         held = min(int(view.in_flight_blocks * features.block_size_tokens), hbm)
         estimate = predict(
-            RequestShape(hbm, host, uncached, max(features.max_tokens, 1), kv_pool, held), view.spec,
+            RequestShape(hbm, host, uncached, max(features.max_tokens, 1), kv_pool, held, features.sequences),
+            view.spec,
             queue_wait_s=view.outstanding_prefill_s,
         )
         admitted = estimate.kv_demand_bytes <= view.free_kv_bytes

@@ -134,6 +134,10 @@ class RequestShape:
             from it; 0 without a pool).
         held_tokens: prefix tokens whose KV other requests in flight on the backend already
             hold (and were charged for): left out of ``kv_demand_bytes``, ≤ cached_hbm_tokens.
+        sequences: output sequences generated from the prompt (OpenAI's ``n``, ≥ 1). vLLM's v1
+            engine fans ``n`` out into n child requests of the same prompt
+            (``vllm/v1/engine/parallel_sampling.py``, ``ParentRequest``) whose prompt blocks the
+            prefix cache shares: the prompt's KV is held once, each sequence's output KV apart.
     """
 
     cached_hbm_tokens: float
@@ -142,6 +146,7 @@ class RequestShape:
     output_tokens: float = 1
     cached_kv_pool_tokens: float = 0.0
     held_tokens: float = 0.0
+    sequences: int = 1
 
     @property
     def cached_tokens(self) -> float:
@@ -224,6 +229,21 @@ def roofline(backend: BackendSpec, *, flops: float, hbm_bytes: float, host_load_
     return Roofline(compute, hbm, load, duration, utilisation)
 
 
+def kv_demand_bytes(c: kappa.ModelConstants, prompt_tokens: float, shape: RequestShape) -> float:
+    """KV bytes the request occupies on the backend: its prompt once (less what requests in flight
+    there already hold), plus each of its ``sequences`` outputs (`RequestShape`).
+
+    = kv_bytes(P + out − held) + (n − 1) · (kv_bytes(P + out) − kv_bytes(P)): the first sequence
+    with the prompt, and each further one the KV its own output adds (exact for full attention;
+    for sliding-window layers it counts each sequence's window as the first one's).
+    """
+    first = c.kv_bytes(prompt_tokens + shape.output_tokens - min(shape.held_tokens, shape.cached_hbm_tokens))
+    if shape.sequences <= 1:
+        return first
+    per_sequence = c.kv_bytes(prompt_tokens + shape.output_tokens) - c.kv_bytes(prompt_tokens)
+    return first + (shape.sequences - 1) * per_sequence
+
+
 def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 0.0) -> CostEstimate:
     """Predict TTFT, E2E and energy of ``shape`` on ``backend`` (formulas in the module docstring).
 
@@ -275,7 +295,7 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         e2e_s=ttft + decode_time,
         energy_j=energy,
         load_bytes=load_bytes,
-        kv_demand_bytes=c.kv_bytes(prompt + shape.output_tokens - min(shape.held_tokens, shape.cached_hbm_tokens)),
+        kv_demand_bytes=kv_demand_bytes(c, prompt, shape),
         kappa_ratio=kappa.kappa_ratio(cached, shape.uncached_prompt_tokens),
         kappa_ratio_loaded=kappa.kappa_ratio(loaded, shape.uncached_prompt_tokens),
         kappa_crit=c.kappa_crit(kappa_hw, uncached, cached_hbm_tokens=shape.cached_hbm_tokens, loaded_tokens=loaded,

@@ -22,6 +22,7 @@ class RequestFeatures:
         max_tokens: tokens the request may generate (its KV grows by this much).
         prompt_blocks: full index blocks in the prompt's hash chain.
         block_size_tokens: tokens one index block stands for (bytes per block ÷ bytes per token).
+        sequences: output sequences asked for (OpenAI's ``n``; each holds its own output KV).
     """
 
     model: str
@@ -29,6 +30,7 @@ class RequestFeatures:
     max_tokens: int
     prompt_blocks: int
     block_size_tokens: float
+    sequences: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ index) on free loopback ports, replays a workload through real HTTP (`gateway.co
 and reports per backend: requests, the transfer-bound share (the regime the gateway decided
 for each request against that backend's own κ_crit at the request's T, ``x-kappa-regime``),
 κ_ratio and κ_ratio_loaded p50/p90, the requests' median κ_crit, prefix hit rate, TTFT
-p50/p90 and energy (from each mock's ``mock_vllm:energy_joules_total``). Every process it
+p50/p90 and energy (from each mock's ``mock_vllm:energy_joules_total``), and the κ_crit the
+gateway measured with its 95% interval (``/v1/kappa/backends``, `router.kappa_fit`). Every process it
 started is ended by its pid when it finishes.
 
 TTFT is measured by the client on the wall clock and divided by the mocks' time scale, so
@@ -15,6 +16,7 @@ it reads in modelled seconds (at time scale 1 the two agree).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import statistics
@@ -102,6 +104,19 @@ def _scrape(url: str) -> dict[str, float]:
     return out
 
 
+def _measured_kappa_crit(url: str) -> dict[str, dict[str, Any]]:
+    """Backend id → the gateway's measured κ_crit (``kappa_crit_linear_measured``, its ``_ci`` and the
+    load-bound requests behind it) from ``/v1/kappa/backends``; empty if unreachable."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/kappa/backends", timeout=5.0) as resp:
+            backends = json.load(resp)["backends"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return {}
+    return {b["id"]: {"value": b.get("kappa_crit_linear_measured"), "ci": b.get("kappa_crit_linear_measured_ci"),
+                      "load_requests": (b.get("kappa_fit") or {}).get("requests", {}).get("load", 0)}
+            for b in backends}
+
+
 def workload(requests: int, trace: Path | None, rate_rps: float, seed: int) -> list[TraceRequest]:
     if trace is not None:
         return load_trace(trace, limit=requests)
@@ -124,7 +139,9 @@ def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rat
                                      concurrency=512, progress=progress))
         backend_metrics = {b.id: _scrape(b.url) for b in settings.backends}
         gateway_metrics = _scrape(url)
+        measured = _measured_kappa_crit(url)
     report = build_report(settings, results, backend_metrics, gateway_metrics, time_scale)
+    report["kappa_crit_measured"] = measured
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["workload"] = str(trace) if trace else f"built-in Mooncake-like generator, {rate_rps:g} req/s, seed {seed}"
     return report

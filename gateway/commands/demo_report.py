@@ -49,6 +49,13 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         loads = {b["id"]: b.get("kv_pool_loaded_bytes") or 0.0 for b in report["backends"]}
         console.print(f"Shared KV pool ({report['kv_pool_gb']:g} GB): prefixes loaded from it — " + ", ".join(
             f"{bid} {v / 1e9:,.1f} GB" for bid, v in loads.items()) + ".")
+    measured = report.get("kappa_crit_measured") or {}
+    if measured:
+        console.print("Measured κ_crit (the backends' own prefill times against the profile: router/kappa_fit.py), "
+                      "95% interval — " + "; ".join(
+                          f"{bid} {m['value']:.3g} [{m['ci'][0]:.3g}, {m['ci'][1]:.3g}] from {m['load_requests']} "
+                          "load-bound requests" if m["value"] is not None and m["ci"] and m["ci"][1] is not None
+                          else f"{bid} not yet (too few load-bound requests)" for bid, m in measured.items()) + ".")
     est, rep = report["index_cached_tokens_estimated"], report["index_cached_tokens_reported"]
     if rep:
         console.print(f"Prefix index: estimated {est:,.0f} cached tokens where backends reported {rep:,.0f} "

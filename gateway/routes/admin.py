@@ -17,6 +17,7 @@ from gateway.errors import BadRequest
 from gateway.body import read_body
 from gateway.routes.deps import State, get_state
 from gateway.routing import load_body
+from gateway.kappa_feed import measured_fields
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.cost import BackendSpec, RequestShape, predict
@@ -82,8 +83,9 @@ async def backends(gw: State) -> dict:
     """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks.
 
     κ figures (names: `router.kappa`): ``kappa_crit_linear`` (predicted, T-independent
-    κ_M·κ_HW at the host link), ``kappa_crit_linear_measured`` (the online fit,
-    `router.calibration.KappaCritFit`; null until it has samples), ``kappa_crit_reference``
+    κ_M·κ_HW at the host link), ``kappa_crit_linear_measured`` (the online fit of
+    the backend's prefill times, `router.kappa_fit`, with its 95% ``_ci`` and ``kappa_fit``; null
+    until measured), ``kappa_crit_reference``
     (`kappa_crit_reference`: the per-request κ_crit at reference T, by link)."""
     try:
         index_blocks: dict[str, int] | None = (await gw.index.stats()).blocks_by_backend
@@ -96,9 +98,8 @@ async def backends(gw: State) -> dict:
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
             "labels": s.entry.labels, "healthy": s.healthy,
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
-            "kappa_crit_linear": spec.kappa_crit_linear, "kappa_crit_linear_measured": s.kappa_fit.kappa_crit(),
+            "kappa_crit_linear": spec.kappa_crit_linear, **measured_fields(s),
             "kappa_crit_reference": kappa_crit_reference(spec),
-            "kappa_fit_samples": dict(zip(("compute", "transfer"), s.kappa_fit.samples, strict=True)),
             "kappa_hw": spec.kappa_hw,
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),
             "c_eff_flops_per_s": spec.c_eff_flops_per_s, "link_bytes_per_s": spec.link_bytes_per_s,
@@ -177,5 +178,6 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
         "reason": plan.decision.reason, "index_available": plan.index_ok,
         "load_only_reason": parsed.load_only_reason,
         "prompt_tokens_estimate": f.prompt_tokens, "prompt_blocks": f.prompt_blocks,
-        "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "candidates": candidates,
+        "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "n": f.sequences,
+        "candidates": candidates,
     }

@@ -39,29 +39,3 @@ def test_implausible_samples_are_ignored(nbytes: int, tokens: int) -> None:
     cal = BytesPerToken(default=4.0)
     assert cal.observe("m", nbytes, tokens) is False
     assert cal.get("m") == 4.0
-
-
-def test_kappa_crit_fit_recovers_the_ratio_of_per_token_times() -> None:
-    from router.calibration import KappaCritFit
-
-    fit = KappaCritFit(predicted_kappa_crit=5.0)
-    per_new, per_loaded = 1e-4, 2e-5  # true κ_crit = 5
-    for t in (500, 1_000, 2_000, 4_000, 8_000):
-        fit.observe(uncached_prompt_tokens=t, cached_host_tokens=0, ttft_s=t * per_new, backend_idle=True)
-    assert fit.kappa_crit() is None  # no transfer-bound samples yet
-    for k in (20_000, 40_000, 60_000, 80_000, 100_000):
-        fit.observe(uncached_prompt_tokens=100, cached_host_tokens=k, ttft_s=k * per_loaded, backend_idle=True)
-    assert fit.kappa_crit() == pytest.approx(5.0)
-
-
-@pytest.mark.parametrize(
-    ("new", "host", "idle"),
-    [(1_000, 0, False), (100, 0, True), (1_000, 3_000, True)],
-    ids=["busy-backend", "too-short", "not-clearly-transfer-bound"],
-)
-def test_kappa_crit_fit_ignores_unclean_samples(new: int, host: int, idle: bool) -> None:
-    from router.calibration import KappaCritFit
-
-    fit = KappaCritFit(predicted_kappa_crit=5.0)
-    fit.observe(uncached_prompt_tokens=new, cached_host_tokens=host, ttft_s=1.0, backend_idle=idle)
-    assert fit.samples == (0, 0)

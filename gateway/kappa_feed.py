@@ -1,0 +1,200 @@
+"""How the gateway feeds a backend's κ_crit fit (`router.kappa_fit`): which prefill times, which requests.
+
+**The measurement is the backend's own.** vLLM observes ``vllm:request_prefill_time_seconds``
+(time from the step that first schedules a request to its first token, engine seconds) when
+each request finishes; the gateway scrapes it every ``scrape_interval_s``, and the growth of its
+sum between two scrapes is the summed prefill time of the requests that finished in between.
+Timing prefills at the gateway instead would add the network, the backend's tokenisation
+(which grows with the prompt) and, on a busy host, event-loop delays of tens of milliseconds:
+on the demo fleet (four time-scaled mocks in one process) a third of first tokens reached the
+gateway more than 10 ms late.
+
+**An interval counts** (becomes a `router.kappa_fit.PrefillInterval`) when:
+
+- the backend's finished count grew by exactly the number of this gateway's requests that
+  completed there since the last scrape (its count minus ours is unchanged): no other client's
+  request, no request whose end reached the gateway after the scrape, no restart;
+- no request of this gateway's there ended otherwise in between (client gone, upstream failure);
+- each of those requests can be predicted: it completed with ``usage`` (a stream: with
+  ``stream_options.include_usage``) whose ``cached_tokens``
+  agrees with the index's estimate within `CACHED_TOKENS_TOLERANCE` tokens or
+  `CACHED_TOKENS_TOLERANCE_RATIO` of the prompt (otherwise which tier its cached tokens came
+  from is unknown; the reported counts are used, the estimate only splits the cached tokens by
+  tier), and it prefilled alone. vLLM schedules the running requests' next chunks first, then
+  admits waiting ones with the token budget left, so a prefill shares engine steps with
+  another request's when both wait together, when it waits behind a multi-step (chunked)
+  prefill, or when it is itself multi-step and a later request arrives. So: at most one
+  request of this gateway's was before its first byte there when it was sent, and that one
+  fits one step (T ≤ `single_step_tokens`) and was sent `QUEUE_SETTLE_S` earlier (it
+  was running, not waiting: a request waits at most one decode step when nothing is queued);
+  and, if its own T exceeds one step, nothing was sent there after it before its first byte.
+  (Other clients' prefills are not seen; their requests finishing in an interval drop it.
+  The scraped ``num_requests_waiting`` cannot tell theirs from this gateway's: it lags by up
+  to a scrape interval.)
+
+Streamed or not makes no difference: the engine times the prefill either way. A backend
+that does not export the histogram gets no measured κ_crit. When a request that spoils its
+interval ends, and when a load-bound one (the scarce kind) ends, the backend is scraped at
+once (`gateway.backends.BackendSet.scrape_soon`, at most 5 times a second): fewer requests
+share an interval with either. On the demo's traffic that is about one extra scrape per
+backend every 3 s (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from router.kappa_fit import PrefillInterval, PrefillPrediction
+
+if TYPE_CHECKING:
+    from gateway.backends import BackendState
+    from router.cost import BackendSpec
+    from router.types import Candidate
+
+CACHED_TOKENS_TOLERANCE = 128  # tokens: two index blocks of rounding (64-token blocks vs vLLM's 16)
+CACHED_TOKENS_TOLERANCE_RATIO = 0.02  # of the prompt: the bytes-per-token estimate's own error
+# New tokens one engine step prefills: vLLM's default max_num_batched_tokens for its OpenAI
+# server (``EngineArgs.get_batch_defaults``): 8192 on GPUs of ≥ 70 GiB other than the A100 (the
+# mock's default too), else 2048. An estimate: a backend may set its own.
+SINGLE_STEP_TOKENS_ESTIMATE = {"large": 8192, "other": 2048}
+LARGE_GPU_HBM_GIB = 70
+# A request with nothing queued is scheduled at the next step boundary: one decode step, ~10 ms
+# on the catalog's GPUs (the weights read from HBM); five of those, in the gateway's wall seconds.
+QUEUE_SETTLE_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchTiming:
+    """What `gateway.attempts.first_byte` saw of one attempt.
+
+    Attributes:
+        sent_s: ``gw.clock()`` when it was sent.
+        ahead: (sent_s, estimated T) of each request of this gateway's there before its first byte then.
+        overtaken: a request was sent there after it, before its first byte.
+        headers_s: ``gw.clock()`` when its response headers arrived.
+        stream: a streamed request.
+    """
+
+    sent_s: float
+    ahead: tuple[tuple[float, int], ...]
+    overtaken: bool
+    headers_s: float
+    stream: bool
+
+    def prefilled_alone(self, uncached_prompt_tokens: int, step_tokens: int) -> bool:
+        """No other prefill shared its engine steps, at ``step_tokens`` per step (module docstring)."""
+        if len(self.ahead) > 1:
+            return False
+        if self.ahead:
+            sent_s, new_tokens = self.ahead[0]
+            if new_tokens > step_tokens or self.sent_s - sent_s < QUEUE_SETTLE_S:
+                return False
+        return not (self.overtaken and uncached_prompt_tokens > step_tokens)
+
+
+def single_step_tokens(spec: BackendSpec) -> int:
+    """`SINGLE_STEP_TOKENS_ESTIMATE` for the backend's GPU."""
+    hw = spec.hardware
+    large = hw.hbm_gib >= LARGE_GPU_HBM_GIB and "a100" not in hw.name.lower()
+    return SINGLE_STEP_TOKENS_ESTIMATE["large" if large else "other"]
+
+
+@dataclass
+class PrefillFeed:
+    """One backend's requests between two scrapes, for its κ_crit fit (module docstring)."""
+
+    pending: list[PrefillPrediction | None] = field(default_factory=list)
+    ended_otherwise: bool = False
+    completed: int = 0  # this gateway's requests completed there, cumulative
+    _last: tuple[float, float, float] | None = None  # (count, sum s, count − completed) at the last scrape
+    _sent: int = 0  # attempts sent there, cumulative (a sequence number)
+    _awaiting: dict[int, tuple[float, int]] = field(default_factory=dict)  # before their first byte
+
+    def sent(self, sent_s: float, uncached_prompt_tokens: int) -> tuple[int, tuple[tuple[float, int], ...]]:
+        """An attempt is sent there now: its sequence number and the attempts before their first byte."""
+        ahead = tuple(self._awaiting.values())
+        self._sent += 1
+        self._awaiting[self._sent] = (sent_s, uncached_prompt_tokens)
+        return self._sent, ahead
+
+    def answered(self, sequence: int) -> bool:
+        """Its first byte came; returns whether another attempt was sent there since."""
+        self._awaiting.pop(sequence, None)
+        return self._sent != sequence
+
+    def failed(self, sequence: int) -> None:
+        """It ended before its first byte (the engine aborts it, or never saw it)."""
+        self._awaiting.pop(sequence, None)
+        self.ended_otherwise = True
+
+    def completed_request(self, prediction: PrefillPrediction | None) -> bool:
+        """A request completed there (``None``: one the fit cannot predict). Returns whether an
+        early scrape would help: after an unpredictable request (the requests finishing next then
+        fall in another interval than the one it spoils) or a load-bound one (the scarce kind:
+        the fewer requests share its interval, the less likely one spoils it)."""
+        self.pending.append(prediction)
+        self.completed += 1
+        return prediction is None or prediction.t_load_s > max(prediction.t_compute_s, prediction.t_hbm_s)
+
+    def scraped(self, count: float | None, sum_s: float) -> PrefillInterval | None:
+        """Close the interval at a scrape of the histogram's ``_count`` and ``_sum``; its sample or None."""
+        pending, ended_otherwise = self.pending, self.ended_otherwise
+        self.pending, self.ended_otherwise = [], False
+        if count is None:
+            self._last = None
+            return None
+        last, self._last = self._last, (count, sum_s, count - self.completed)
+        if last is None or count < last[0] or count - self.completed != last[2] or ended_otherwise or not pending:
+            return None
+        predictions = [p for p in pending if p is not None]
+        if len(predictions) < len(pending):
+            return None
+        return PrefillInterval(sum_s - last[1], tuple(predictions))
+
+
+def prediction(state: BackendState, candidate: Candidate, timing: DispatchTiming,
+               usage: dict[str, Any] | None) -> PrefillPrediction | None:
+    """The profile's prediction for a completed request, or None when it does not count (module docstring)."""
+    if not usage:
+        return None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(prompt, int) or not isinstance(cached, int) or not 0 <= cached < prompt:
+        return None
+    if not timing.prefilled_alone(prompt - cached, single_step_tokens(state.spec)):
+        return None
+    estimated = candidate.cached_tokens
+    if abs(estimated - cached) > max(CACHED_TOKENS_TOLERANCE, CACHED_TOKENS_TOLERANCE_RATIO * prompt):
+        return None
+    scale = cached / estimated if estimated else 0.0
+    host = candidate.cached_host_tokens * scale
+    kv_pool = candidate.cached_kv_pool_tokens * scale
+    if kv_pool and not state.spec.kv_pool_link_bytes_per_s:
+        return None
+    return PrefillPrediction.of(state.spec, cached_hbm_tokens=cached - host - kv_pool, cached_host_tokens=host,
+                                cached_kv_pool_tokens=kv_pool, uncached_prompt_tokens=prompt - cached)
+
+
+def measured_fields(state: BackendState) -> dict[str, Any]:
+    """The measured κ_crit as ``/v1/kappa/backends`` shows it: ``kappa_crit_linear_measured``
+    (null until measured), ``kappa_crit_linear_measured_ci`` ([low, high], 95%) and
+    ``kappa_fit`` (intervals and requests fitted, u, v, w: `router.kappa_fit.KappaCritMeasurement`)."""
+    fit = state.kappa_fit
+    m = fit.measurement()
+    if m is None:
+        return {"kappa_crit_linear_measured": None, "kappa_crit_linear_measured_ci": None,
+                "kappa_fit": {"intervals_held": fit.intervals}}
+    return {
+        "kappa_crit_linear_measured": m.kappa_crit_linear,
+        "kappa_crit_linear_measured_ci": [m.ci_low, m.ci_high if math.isfinite(m.ci_high) else None],
+        "kappa_fit": {
+            "intervals_held": fit.intervals, "intervals": m.intervals,
+            "requests": {"compute": m.compute_requests, "load": m.load_requests,
+                         "kv_pool_load": m.kv_pool_load_requests},
+            "compute_time_ratio": m.compute_time_ratio, "load_time_ratio": m.load_time_ratio,
+            "hbm_time_ratio": m.hbm_time_ratio,
+        },
+    }

@@ -1,0 +1,81 @@
+"""Issue 13 item 4, done-when: on the demo's own traffic, every backend's κ_crit is measured
+within 500 requests and lies within 10% of the mock engine's true crossover.
+
+The demo's fleet (`config/fleet.local.yaml`: four mocks sharing a KV pool, in one process,
+at the demo's time scale 0.4), a real gateway with the demo's settings (1 s scrapes), and
+the demo's generator (`gateway.commands.demo.workload`: Mooncake-shaped, 2.5 requests/s,
+seed 0) replayed through real HTTP, as ``kappa-gateway demo`` does (about 80 s). The true
+crossover is computed from each mock engine's own figures — the `router.cost.BackendSpec` its
+`mock_vllm.engine.MockEngine` steps by (`mock_vllm.app_factory.build_backend_app`) — as
+(F_lin / B_kv) · (BW_host / C_eff), not read from the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fleet_config.catalog import default_catalog
+from fleet_config.settings import load_settings
+from gateway.app import create_app
+from gateway.commands.demo import (
+    DEFAULT_CONFIG,
+    DEFAULT_RATE_RPS,
+    DEFAULT_TIME_SCALE,
+    on_free_ports,
+    workload,
+)
+from gateway.commands.fleet import mock_fleet
+from gateway.commands.replay import replay
+from mock_vllm.app_factory import build_backend_app
+from router import kappa
+from router.kappa_fit import MIN_LOAD_REQUESTS
+from tests.integration.gateway_support import poll
+from tests.support.uvicorn_thread import serve_in_thread
+
+pytestmark = pytest.mark.integration
+
+REQUESTS = 500
+
+
+def true_crossover(engine_spec) -> float:
+    """The mock engine's linear κ_crit from its own figures: (F_lin / B_kv) · (BW_host / C_eff)."""
+    constants = kappa.model_constants(engine_spec.model)
+    return (constants.f_linear / constants.b_kv) * (engine_spec.link_bytes_per_s / engine_spec.c_eff_flops_per_s)
+
+
+@pytest.mark.timeout(240)
+def test_every_backend_measures_its_crossover_on_the_demos_traffic() -> None:
+    catalog = default_catalog()
+    settings = on_free_ports(load_settings(DEFAULT_CONFIG, catalog, env={}))
+    engines = {b.id: build_backend_app(settings, b, catalog).state.engine.backend for b in settings.backends}
+    app = create_app(settings, registry=CollectorRegistry())
+    with mock_fleet(settings, time_scale=DEFAULT_TIME_SCALE), serve_in_thread(app) as url:
+        results = asyncio.run(replay(workload(REQUESTS, None, DEFAULT_RATE_RPS, 0), url=url,
+                                     model=settings.served_models()[0], speedup=1 / DEFAULT_TIME_SCALE,
+                                     concurrency=512, progress=False))
+        assert sum(r.error is not None for r in results) == 0
+
+        def backends() -> dict[str, dict]:
+            with urllib.request.urlopen(f"{url}/v1/kappa/backends") as resp:
+                return {b["id"]: b for b in json.load(resp)["backends"]}
+
+        # the requests that finished last are fitted at the next scrape (1 s)
+        def all_measured() -> dict[str, dict] | None:
+            current = backends()
+            return current if all(b["kappa_crit_linear_measured"] for b in current.values()) else None
+
+        try:
+            measured = poll(all_measured, "every backend's measured κ_crit", timeout_s=5.0)
+        except AssertionError:
+            raise AssertionError(f"not measured: {[(b['id'], b['kappa_fit']) for b in backends().values()]}") from None
+    for backend_id, engine_spec in engines.items():
+        b = measured[backend_id]
+        truth = true_crossover(engine_spec)
+        assert b["kappa_crit_linear_measured"] == pytest.approx(truth, rel=0.10), (backend_id, b["kappa_fit"])
+        low, high = b["kappa_crit_linear_measured_ci"]
+        assert low < high and b["kappa_fit"]["requests"]["load"] >= MIN_LOAD_REQUESTS

@@ -1,0 +1,149 @@
+"""The κ_crit fit (`router.kappa_fit`): what it estimates from prefill intervals, and how surely.
+
+Predictions are built as the gateway builds them (`PrefillPrediction.of` on a real profile);
+each interval's measured time is the fit's own model, Σ max(u·t_c, v·t_l, w·t_h), with known
+u, v, w — so the fit must give back κ_crit_linear · u / v.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fleet_config import default_catalog
+from router.cost import BackendSpec
+from router.kappa_fit import (
+    MIN_COMPUTE_REQUESTS,
+    MIN_LOAD_REQUESTS,
+    KappaCritFit,
+    PrefillInterval,
+    PrefillPrediction,
+)
+
+CATALOG = default_catalog()
+# The demo's H100×4 capped at 350 W with a 60 GB/s pool link: κ_crit_linear 19.0.
+H100 = BackendSpec(model=CATALOG.model("llama-3.1-70b"), hardware=CATALOG.hw("h100-sxm"), tensor_parallel=4,
+                   power_cap_w=350, kv_pool_link_gb_s=60)
+
+
+def cold(rng: random.Random) -> PrefillPrediction:
+    """A new conversation: 512 cached tokens (the system prompt), 500–20,000 new: compute-bound."""
+    return PrefillPrediction.of(H100, cached_hbm_tokens=512, cached_host_tokens=0, cached_kv_pool_tokens=0,
+                                uncached_prompt_tokens=rng.randint(500, 20_000))
+
+
+def follow_up(rng: random.Random, *, pool: bool) -> PrefillPrediction:
+    """A follow-up of 20–200 new tokens on a 10,000–40,000-token prefix loaded from the host tier or the pool."""
+    loaded = rng.randint(10_000, 40_000)
+    return PrefillPrediction.of(H100, cached_hbm_tokens=0, cached_host_tokens=0 if pool else loaded,
+                                cached_kv_pool_tokens=loaded if pool else 0, uncached_prompt_tokens=rng.randint(20, 200))
+
+
+def hbm_hit(rng: random.Random) -> PrefillPrediction:
+    """A follow-up whose whole prefix is in HBM and that adds 5–20 tokens: the HBM floor binds."""
+    return PrefillPrediction.of(H100, cached_hbm_tokens=rng.randint(500, 2_000), cached_host_tokens=0,
+                                cached_kv_pool_tokens=0, uncached_prompt_tokens=rng.randint(5, 20))
+
+
+def measured(requests: list[PrefillPrediction], u: float, v: float, w: float) -> float:
+    return sum(max(u * r.t_compute_s, v * r.t_load_s, w * r.t_hbm_s) for r in requests)
+
+
+def intervals(rng: random.Random, n: int, *, u: float, v: float, w: float = 1.0, load_share: float = 0.15,
+              hbm_share: float = 0.2) -> list[PrefillInterval]:
+    """``n`` intervals of 1–3 finished requests each."""
+    out = []
+    for _ in range(n):
+        requests = []
+        for _ in range(rng.randint(1, 3)):
+            draw = rng.random()
+            requests.append(follow_up(rng, pool=rng.random() < 0.5) if draw < load_share
+                            else hbm_hit(rng) if draw < load_share + hbm_share else cold(rng))
+        out.append(PrefillInterval(measured(requests, u, v, w), tuple(requests)))
+    return out
+
+
+@pytest.mark.parametrize(("u", "v", "w"), [(1.0, 1.0, 1.0), (1.3, 0.7, 1.1), (0.8, 2.5, 1.0), (1.0, 1.0, 2.0)],
+                         ids=["as-profiled", "slow-compute-fast-link", "slow-link", "slow-hbm"])
+def test_recovers_the_linear_kappa_crit_from_measured_rates(u: float, v: float, w: float) -> None:
+    fit = KappaCritFit(H100)
+    for interval in intervals(random.Random(7), 60, u=u, v=v, w=w):
+        assert fit.observe(interval)
+    m = fit.measurement()
+    assert m is not None
+    assert m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear * u / v, rel=1e-6)
+    assert (m.compute_time_ratio, m.load_time_ratio, m.hbm_time_ratio) == pytest.approx((u, v, w), rel=1e-6)
+    assert m.ci_low == pytest.approx(m.kappa_crit_linear) and m.ci_high == pytest.approx(m.kappa_crit_linear)
+    assert m.load_requests >= MIN_LOAD_REQUESTS and 0 < m.kv_pool_load_requests < m.load_requests
+
+
+def test_noise_and_slowed_intervals_stay_within_the_interval() -> None:
+    """2% noise on every interval, and one in ten slowed 20–200% by a batch the gateway could
+    not see: the biweight drops those, and the 95% interval covers the truth."""
+    rng = random.Random(3)
+    noisy = []
+    for interval in intervals(rng, 150, u=1.0, v=1.0):
+        factor = rng.gauss(1.0, 0.02) * (1 + rng.uniform(0.2, 2.0) if rng.random() < 0.1 else 1.0)
+        noisy.append(PrefillInterval(interval.prefill_s * factor, interval.requests))
+    fit = KappaCritFit(H100)
+    for interval in noisy:
+        fit.observe(interval)
+    m = fit.measurement()
+    assert m is not None
+    assert m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear, rel=0.05)
+    assert m.ci_low <= H100.kappa_crit_linear <= m.ci_high
+    assert m.ci_high / m.ci_low < 1.3
+    assert m.intervals < 150  # the slowed ones carry no weight
+
+
+def test_a_profile_off_by_a_factor_is_reclassified() -> None:
+    """Loads 5× slower than profiled make some predicted-compute-bound follow-ups load-bound: once
+    the deep follow-ups give a first fit, the classes are redrawn with the fitted rates until they hold."""
+    fit = KappaCritFit(H100)
+    rng = random.Random(9)
+    requests = [PrefillPrediction.of(H100, cached_hbm_tokens=0, cached_host_tokens=rng.randint(3_000, 5_000),
+                                     cached_kv_pool_tokens=0, uncached_prompt_tokens=rng.randint(400, 600))
+                for _ in range(40)]
+    assert all(r.t_load_s < r.t_compute_s for r in requests)  # compute-bound as profiled …
+    assert all(5 * r.t_load_s > r.t_compute_s for r in requests)  # … load-bound as they run
+    for r in requests:
+        fit.observe(PrefillInterval(measured([r], 1.0, 5.0, 1.0), (r,)))
+    for interval in intervals(random.Random(10), 30, u=1.0, v=5.0):
+        fit.observe(interval)
+    m = fit.measurement()
+    assert m is not None and m.load_time_ratio == pytest.approx(5.0, rel=1e-6)
+    assert m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear / 5, rel=1e-6)
+
+
+def test_reports_only_with_enough_requests_of_both_kinds() -> None:
+    rng = random.Random(5)
+    fit = KappaCritFit(H100)
+    assert fit.measurement() is None  # nothing yet
+    computes = [cold(rng) for _ in range(MIN_COMPUTE_REQUESTS)]
+    loads = [follow_up(rng, pool=False) for _ in range(MIN_LOAD_REQUESTS)]
+    for r in computes + loads[:-1]:
+        fit.observe(PrefillInterval(measured([r], 1, 1, 1), (r,)))
+    assert fit.measurement() is None and fit.kappa_crit() is None  # one load-bound request short
+    fit.observe(PrefillInterval(measured([loads[-1]], 1, 1, 1), (loads[-1],)))
+    m = fit.measurement()
+    assert m is not None and fit.kappa_crit() == m.kappa_crit_linear
+    assert (m.compute_requests, m.load_requests, m.hbm_time_ratio) == (MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS, None)
+
+
+def test_time_scale_cancels() -> None:
+    """A backend (or a mock) whose every second is 0.4 of the profile's reads the profile's κ_crit."""
+    fit = KappaCritFit(H100)
+    for interval in intervals(random.Random(13), 40, u=0.4, v=0.4, w=0.4):
+        fit.observe(interval)
+    m = fit.measurement()
+    assert m is not None and m.kappa_crit_linear == pytest.approx(H100.kappa_crit_linear, rel=1e-6)
+
+
+@pytest.mark.parametrize("prefill_s", [-1.0, float("inf"), float("nan")], ids=["negative", "inf", "nan"])
+def test_refuses_impossible_intervals(prefill_s: float) -> None:
+    fit = KappaCritFit(H100)
+    r = cold(random.Random(1))
+    assert not fit.observe(PrefillInterval(prefill_s, (r,)))
+    assert not fit.observe(PrefillInterval(1.0, ()))
+    assert fit.intervals == 0
