@@ -50,7 +50,7 @@ CASES = [
     ("part-not-object", "chat", js({**CHAT, "messages": [{"role": "user", "content": [5]}]}),
      ("refused", 400, "messages")),
     ("tools-not-list", "chat", js({**CHAT, "tools": "x"}), ("refused", 400, ANY_PARAM)),
-    ("n-string", "chat", js({**CHAT, "n": "2"}), ("accepted", 400)),  # the mock serves n=1 only
+    ("n-string", "chat", js({**CHAT, "n": "2"}), ("refused", 400, "n")),  # n sizes the KV charge: validated
     ("stream-options-list", "chat", js({**CHAT, "stream": True, "stream_options": [1]}), ("accepted", 400)),
     ("stream-options-odd", "chat", js({**CHAT, "stream": True, "stream_options": {"include_usage": "yes"}}),
      ("accepted", 200)),
