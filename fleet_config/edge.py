@@ -15,8 +15,10 @@ answering 503 when a resource is exhausted):
     client_body_timeout_s      the longest silence between two reads of a request body; else the
                                connection closes (408 if no answer was started).
     max_client_connections     open client connections at most; above it, idle keep-alive
-                               connections are closed first (oldest first), then new connections
-                               get a 503 and are closed. Default: half the process's file limit
+                               connections are closed first (oldest first), then a new connection
+                               is answered 503 at once and closed.
+    max_header_bytes           request line and headers at most (64 KiB, Envoy's default);
+                               above it 431 and the connection closes. Default: half the process's file limit
                                (RLIMIT_NOFILE), leaving the other half to upstream connections.
     max_in_flight_requests     proxy requests admitted at once (read, routed, or relaying);
                                above it: 503 ``service_unavailable_error`` with ``Retry-After``.
@@ -50,6 +52,7 @@ DEFAULT_KEEP_ALIVE_TIMEOUT_S = 75.0
 DEFAULT_CLIENT_HEADER_TIMEOUT_S = 60.0
 DEFAULT_CLIENT_BODY_TIMEOUT_S = 60.0
 DEFAULT_MAX_IN_FLIGHT_REQUESTS = 4096
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024  # request line + headers: Envoy's max_request_headers_kb default (60 KiB)
 # 256 MiB: 8 bodies at the 32 MiB limit. A body costs ~3-4x its size at its peak (bench/body_memory.py:
 # the buffer, its parsed form, the canonical prompt), so this bounds body memory near 1 GiB.
 DEFAULT_MAX_IN_FLIGHT_BODY_BYTES = 256 * 1024 * 1024
@@ -73,6 +76,7 @@ class EdgeSettings(BaseModel):
     client_header_timeout_s: float = Field(default=DEFAULT_CLIENT_HEADER_TIMEOUT_S, gt=0)
     client_body_timeout_s: float = Field(default=DEFAULT_CLIENT_BODY_TIMEOUT_S, gt=0)
     max_client_connections: int = Field(default_factory=default_max_client_connections, gt=0)
+    max_header_bytes: int = Field(default=DEFAULT_MAX_HEADER_BYTES, ge=1024)
     max_in_flight_requests: int = Field(default=DEFAULT_MAX_IN_FLIGHT_REQUESTS, gt=0)
     max_in_flight_body_bytes: int = Field(default=DEFAULT_MAX_IN_FLIGHT_BODY_BYTES, gt=0)
     admin_api_key: SecretStr | None = None
@@ -89,6 +93,13 @@ class EdgeSettings(BaseModel):
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("must not be empty (omit it to leave the admin routes open)")
         return value
+
+    @model_validator(mode="after")
+    def _metrics_key_needs_a_key(self) -> EdgeSettings:
+        if self.metrics_require_admin_key and self.admin_api_key is None:
+            raise ValueError("metrics_require_admin_key needs admin_api_key (or KAPPA_ADMIN_API_KEY): "
+                             "without one /metrics would stay open")
+        return self
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> EdgeSettings:

@@ -301,7 +301,7 @@ def parse_settings(doc: Mapping[str, Any], catalog: Catalog, env: Mapping[str, s
             gateway["host"] = env["KAPPA_HOST"]
         if env.get("KAPPA_PORT"):
             gateway["port"] = env["KAPPA_PORT"]
-        if env.get("KAPPA_ADMIN_API_KEY"):
+        if "KAPPA_ADMIN_API_KEY" in env:  # set but empty is an error (a secret that failed to render), not "open"
             gateway["admin_api_key"] = env["KAPPA_ADMIN_API_KEY"]
     if isinstance(index, dict) and env.get("KAPPA_REDIS_URL"):
         index.update(backend="redis", redis_url=env["KAPPA_REDIS_URL"])

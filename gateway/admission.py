@@ -39,7 +39,8 @@ class Admission:
             Overloaded: ``max_requests`` are already held.
         """
         if self.requests >= self.max_requests:
-            raise Overloaded(f"The gateway is at its limit of {self.max_requests} requests in flight; retry shortly.")
+            raise Overloaded(f"The gateway holds as many requests as it may at once ({self.max_requests}); "
+                             "retry shortly.")
         self.requests += 1
         return Slot(self)
 

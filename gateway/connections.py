@@ -13,7 +13,11 @@ protocol with what nginx and Envoy add (``fleet_config.edge`` has the keys and d
   (the request being read sees a disconnect);
 - **connection cap**: above ``max_client_connections``, idle keep-alive connections are closed
   first, oldest first (as nginx reuses idle connections when it runs out); if none is idle,
-  the new connection's request is answered ``503`` with ``Retry-After`` and the connection closes;
+  the new connection is answered ``503`` with ``Retry-After`` at once and closed (its socket
+  is not held while it would send a head);
+- **head size**: a request line and headers over ``max_header_bytes`` (64 KiB, Envoy's
+  ``max_request_headers_kb``) get ``431`` and the connection closes, before any of it is routed
+  or forwarded;
 - a malformed request head is answered with an OpenAI-shaped ``400`` (uvicorn's is plain text).
 
 The keep-alive timeout is uvicorn's own (``timeout_keep_alive``), set from the config.
@@ -27,7 +31,6 @@ from typing import Any
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 
 from fleet_config.edge import EdgeSettings
 from gateway.errors import error_body
@@ -41,16 +44,6 @@ def _error_response(status: int, message: str, error_type: str, extra: tuple[byt
                      b"content-length: %d\r\n" % len(body), *extra, b"connection: close\r\n\r\n", body))
 
 
-async def _over_capacity(scope: Any, receive: Any, send: Any) -> None:
-    """The ASGI app a connection above the cap is served by: 503, ``Retry-After``, close."""
-    body = orjson.dumps(error_body("The gateway has too many open connections; retry shortly.",
-                                   "service_unavailable_error", 503))
-    await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                            (b"retry-after", b"%d" % RETRY_AFTER_S), CLOSE_HEADER]})
-    await send({"type": "http.response.body", "body": body})
-
-
 class EdgeProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the module docstring's bounds; see `edge_protocol`."""
 
@@ -61,6 +54,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._idle_since_s = 0.0
+        self._head_bytes = 0
+        self._refused = False  # answered and closing: the parser's further callbacks are ignored
 
     # -- the connection cap ------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -73,7 +68,8 @@ class EdgeProtocol(HttpToolsProtocol):
             for conn in idle[:excess]:
                 conn.transport.close()
             if len(idle) < excess:
-                self.app = _over_capacity  # this connection's request gets a 503, then it closes
+                self._refuse(503, "The gateway has too many open connections; retry shortly.",
+                             "service_unavailable_error", b"retry-after: %d\r\n" % RETRY_AFTER_S)
 
     @property
     def idle(self) -> bool:
@@ -89,18 +85,41 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     # -- read timeouts -------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_bytes = 0
         self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > self.edge.max_header_bytes and not self._refused:
+            self._refuse(431, f"The request line and headers exceed {self.edge.max_header_bytes} bytes.",
+                         "invalid_request_error")
 
     def on_headers_complete(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self._refused:
+            return
         super().on_headers_complete()
         self._arm_body_timer()
 
     def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
         super().on_body(body)
         self._arm_body_timer()
 
@@ -108,7 +127,16 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
-        super().on_message_complete()
+        if not self._refused:
+            super().on_message_complete()
+
+    def _refuse(self, status: int, message: str, error_type: str, *extra: bytes) -> None:
+        """Answer ``status`` now, before any request runs, and close the connection."""
+        self._refused = True
+        self._cancel_timers()
+        if not self.transport.is_closing():
+            self.transport.write(_error_response(status, message, error_type, extra))
+            self.transport.close()
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
@@ -134,6 +162,8 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
+        if self._refused:
+            return
         if cycle is None or not cycle.response_started:
             limit = self.edge.client_header_timeout_s if phase == "head" else self.edge.client_body_timeout_s
             what = "request head" if phase == "head" else "next part of the request body"

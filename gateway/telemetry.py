@@ -39,6 +39,7 @@ transfer-bound share read 0 after transfer-bound requests).
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
 | ``gateway_peer_replicas`` | gauge | (replicas seen at the last load exchange, `gateway.peers`) |
 | ``gateway_peer_sync_errors_total`` | counter | |
+| ``gateway_admin_unauthorized_total`` | counter | (admin routes refused for a missing or wrong key) |
 | ``gateway_load_only_requests_total`` | counter | reason = nesting_too_deep (body relayed without prefix hashes) |
 """
 
@@ -169,6 +170,8 @@ class Telemetry:
         self.peer_sync_errors = Counter("gateway_peer_sync_errors", "Load exchanges with the other replicas "
                                         "that failed (Redis trouble).", registry=r)
         self.peer_replicas.set(1)
+        self.admin_unauthorized = Counter("gateway_admin_unauthorized", "Requests to the admin routes (/v1/kappa/*, "
+                                          "/metrics when protected) refused for a missing or wrong key.", registry=r)
         self.load_only_requests = Counter("gateway_load_only_requests", "Requests relayed with load-only routing: "
                                           "a well-formed body the prefix index cannot canonicalise, by reason.",
                                           ["reason"], registry=r)

@@ -133,10 +133,11 @@ def sim_cmd(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     from sim.replicas import Topology
 
-    try:
-        topology = Topology(gateway_replicas, replica_state, index_lag_ms / 1000, balancer)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    if replica_state not in ("synced", "local", "shared"):
+        raise typer.BadParameter(f"{replica_state!r}: one of synced, local, shared", param_hint="--replica-state")
+    if balancer not in ("round-robin", "random"):
+        raise typer.BadParameter(f"{balancer!r}: one of round-robin, random", param_hint="--balancer")
+    topology = Topology(gateway_replicas, replica_state, index_lag_ms / 1000, balancer)  # type: ignore[arg-type]
     try:
         report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed, kv_pool_gb=kv_pool_gb,
                          topology=topology)

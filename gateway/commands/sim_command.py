@@ -108,6 +108,8 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"kappa-gateway sim: {source}, {run['requests']} requests, rate ×{run['rate_scale']:g}, "
                         f"fleet {run['fleet']}"
                         + (f" + a {run['kv_pool_gb']:g} GB shared KV pool" if run.get("kv_pool_gb") else "")
+                        + (f", {run['gateway_replicas']} gateway replicas ({run['replica_state']} state, "
+                           f"{run['index_lag_s'] * 1000:g} ms index lag)" if run.get("gateway_replicas", 1) > 1 else "")
                         + f", {run['wall_s']} s",
                   caption=f"goodput: requests with TTFT ≤ {run['ttft_slo_s']:g} s, per second")
     for col in ("policy", "TTFT p50", "p90", "p99", "E2E p50", "req/s", "goodput", "J/req", "hit", "host hit",

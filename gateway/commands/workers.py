@@ -104,13 +104,18 @@ class Supervisor:
         self.reaped: set[int | None] = set()
 
     def run(self) -> int:
-        """Serve until stopped; the exit status (0: every worker stopped cleanly)."""
+        """Serve until stopped; the exit status (0: every worker stopped cleanly; 3: the port
+        could not be bound, as uvicorn exits on a start-up failure)."""
+        try:
+            self.sock = bind(self.args[1], self.args[2])
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", self.args[1], self.args[2], exc.strerror or exc)
+            return 3
         metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         own_dir = metrics_dir is None
         if own_dir:
             metrics_dir = tempfile.mkdtemp(prefix="kappa-gateway-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by each worker at import
-        self.sock = bind(self.args[1], self.args[2])
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         try:

@@ -26,8 +26,14 @@ from router.profiles import GB
 
 
 async def require_admin_key(request: Request) -> None:
-    """Raises Unauthorized (401) unless the admin key is unset or presented."""
-    (await get_state(request)).keys.check_admin(request.headers)
+    """Raises Unauthorized (401) unless the admin key is unset or presented (counted in
+    ``gateway_admin_unauthorized_total``: guesses at the key are visible)."""
+    gw = await get_state(request)
+    try:
+        gw.keys.check_admin(request.headers)
+    except Exception:
+        gw.telemetry.admin_unauthorized.inc()
+        raise
 
 
 router = APIRouter()
@@ -57,7 +63,7 @@ async def ready(gw: State) -> Response:
 async def metrics(request: Request, gw: State) -> Response:
     """Prometheus exposition; behind the admin key when ``gateway.metrics_require_admin_key``."""
     if gw.keys.metrics_protected:
-        gw.keys.check_admin(request.headers)
+        await require_admin_key(request)
     return Response(gw.telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 

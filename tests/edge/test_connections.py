@@ -152,3 +152,21 @@ def test_above_the_connection_cap_idle_connections_go_first_then_new_ones_get_50
         assert status == 503 and headers["retry-after"] == "1"
         assert json.loads(body)["error"]["type"] == "service_unavailable_error"
         assert closed_by_server(refused)
+
+
+def test_a_request_head_over_the_limit_gets_431_before_anything_is_forwarded() -> None:
+    script = Script()
+    with run_fakes([script]) as (url,), \
+            run_gateway([backend_doc("b0", url)], gateway={"max_header_bytes": 8192}) as gw:
+        poll(lambda: gw.http.get("/ready").status_code == 200, "the gateway to be ready")
+        parts = urlsplit(gw.url)
+        for head in (b"X-Big: " + b"a" * 20_000 + b"\r\n",  # one huge header
+                     b"".join(b"X-H%d: v\r\n" % i for i in range(2_000))):  # many small ones
+            sock = connect((parts.hostname, parts.port))
+            sock.sendall(REQUEST.replace(b"Host: gw\r\n", b"Host: gw\r\n" + head))
+            status, headers, body = read_response(sock)
+            assert status == 431 and json.loads(body)["error"]["code"] == 431
+            assert closed_by_server(sock)
+            sock.close()
+        assert script.received == []  # nothing reached the backend
+        assert gw.http.post("/v1/chat/completions", content=BODY).status_code == 200  # a normal head still passes
