@@ -282,7 +282,7 @@ def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], workd
                 for r in range(args.rounds):
                     for t in names[r % len(names):] + names[: r % len(names)]:
                         port, pid = targets[t]
-                        before = histograms(port) if t not in ("direct", "bare") else None
+                        before = histograms(port) if not t.startswith(("direct", "bare")) else None
                         cpu_before = cpu_s(pid)
                         run = run_load(port, bodies_file, concurrency, args.cell_s)
                         cpu_ms[t].append((cpu_s(pid) - cpu_before) * 1e3 / (run["completed"] + run["warmup"]))
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS), file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="kappa-overhead-") as tmp, servers(args, Path(tmp)) as targets:
         rows = measure(args, targets, Path(tmp))
-        final = {t: histograms(port) for t, (port, _) in targets.items() if t not in ("direct", "bare")}
+        final = {t: histograms(port) for t, (port, _) in targets.items() if not t.startswith(("direct", "bare"))}
     report.update(summary(rows, final), rows=rows, duration_s=round(time.monotonic() - started, 1))
     print(json.dumps({k: v for k, v in report.items() if k not in ("rows", "machine", "command")}, indent=2),
           file=sys.stderr)
