@@ -24,6 +24,15 @@ ROOMY = TierCapacity(hbm_blocks=1_000_000)
 MAX_BYTES_PER_LIVE_BLOCK = 300
 
 
+def _held_bytes() -> int:
+    """Bytes traced to the index's code and to this file (the hash ints it creates): not the
+    process's whole traced total, which other threads (a server a previous test left winding
+    down) can move while a test runs."""
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, memory_index.__file__), tracemalloc.Filter(True, __file__)])
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
 def _fresh(chain: list[int]) -> list[int]:
     """The same hashes as new int objects, as each request's `block_hashes` returns them."""
     return [int.from_bytes(h.to_bytes(8, "little"), "little") for h in chain]
@@ -37,15 +46,15 @@ async def test_memory_per_live_block_is_bounded_under_a_shared_prefix() -> None:
     try:
         await index.record("m", "b", _fresh(prefix), ROOMY)
         await index.record("m", KV_POOL_ID, _fresh(prefix), ROOMY)
-        base = tracemalloc.get_traced_memory()[0]
+        base = _held_bytes()
         for _ in range(300):
             chain = _fresh(prefix) + [rnd.getrandbits(64)]
             await index.record("m", "b", chain, ROOMY)
             await index.record("m", KV_POOL_ID, chain, ROOMY)
             del chain
-        grown = tracemalloc.get_traced_memory()[0] - base
+        grown = _held_bytes() - base
         stats = await index.stats()
-        traced = tracemalloc.get_traced_memory()[0]
+        traced = _held_bytes()
     finally:
         tracemalloc.stop()
     assert stats.blocks_by_backend == {"b": 428, KV_POOL_ID: 428}
@@ -63,11 +72,11 @@ async def test_re_recording_one_chain_does_not_grow_the_index() -> None:
     index = MemoryPrefixIndex()
     tracemalloc.start()
     try:
-        base = tracemalloc.get_traced_memory()[0]
+        base = _held_bytes()
         await index.record("m", "b", _fresh(old_chain), ROOMY)
         for _ in range(2000):
             await index.record("m", "b", _fresh(hot_chain), ROOMY)
-        held = tracemalloc.get_traced_memory()[0] - base
+        held = _held_bytes() - base
     finally:
         tracemalloc.stop()
     assert (await index.stats()).blocks_by_backend == {"b": 104}
