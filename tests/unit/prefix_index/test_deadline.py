@@ -67,7 +67,7 @@ async def test_a_silent_store_behind_a_loop_that_stays_busy_still_times_out() ->
     loop = asyncio.get_running_loop()
     busy = True
 
-    def stall_again() -> None:  # the loop never runs a timer on time: a 6 ms stall every pass
+    def stall_again() -> None:  # the behaviour under test: a loop that never runs a timer on time (6 ms stalls)
         time.sleep(0.006)
         if busy:
             loop.call_soon(stall_again)
