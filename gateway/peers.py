@@ -98,6 +98,7 @@ class PeerLoad:
         self._publishing: set[asyncio.Future[None]] = set()
         self._last_ok_s: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def start(self) -> None:
         for t in self.targets:
@@ -157,6 +158,7 @@ class PeerLoad:
         """Stop exchanging and withdraw this replica's figures (a clean stop needs no lease to run out)."""
         for t in self.targets:
             t.ledger.on_change = None
+        self._stopped = True  # ends the loop even if a cancel is lost (the loop checks it each turn)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -170,13 +172,16 @@ class PeerLoad:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        me = asyncio.current_task()
+        while not self._stopped:
             started = loop.time()
             try:
                 async with asyncio.timeout(max(self.interval_s * 4, 0.5)):
                     await self.sync()
                 self._last_ok_s = started
             except (RedisError, OSError, TimeoutError) as exc:
+                if me is not None and me.cancelling():
+                    raise  # a stop: asyncio.timeout can turn a cancel that meets its deadline into TimeoutError
                 if self._last_ok_s is None or started - self._last_ok_s > self.lease_ms / 1000:
                     self._clear()  # the others' figures are older than their lease: fall back to our own
                 self._failed(exc)

@@ -60,14 +60,17 @@ def serve(
     settings = load_config(config)
     configure_logging(log_level, json_access_log=settings.gateway.access_log_format == "json")
     if workers > 1:
-        from gateway.commands.workers import Supervisor
+        from gateway.commands.workers import STOP_MARGIN_S, Supervisor
+        from gateway.server import TAIL_MARGIN_S
 
         if settings.index.backend != "redis":
             logging.getLogger("kappa_gateway").warning(
                 "--workers %d with the memory index: each worker keeps its own index and load (set index.backend: "
                 "redis, or KAPPA_REDIS_URL, so they share both)", workers)
-        raise typer.Exit(Supervisor(config, host or settings.gateway.host, port or settings.gateway.port, log_level,
-                                    workers).run())
+        g = settings.gateway
+        bound_s = g.shutdown_drain_delay_s + g.graceful_shutdown_timeout_s + TAIL_MARGIN_S + STOP_MARGIN_S
+        raise typer.Exit(Supervisor(config, host or g.host, port or g.port, log_level, workers,
+                                    stop_bound_s=bound_s).run())
     server = GatewayServer(create_app(settings), settings, host=host or settings.gateway.host,
                            port=port or settings.gateway.port, log_level=log_level.lower(), access_log=False)
     server.run()

@@ -25,6 +25,7 @@ parent makes and removes; each gauge declares how workers' values combine,
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -32,6 +33,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import time
 from multiprocessing.connection import wait
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -41,6 +43,7 @@ log = logging.getLogger("kappa_gateway.workers")
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WAIT_POLL_S = 0.5
+STOP_MARGIN_S = 5.0  # past a worker's drain + grace + tail margin, before the supervisor kills it
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -66,6 +69,7 @@ def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.
     sets ``ready`` once it serves."""
     os.setpgrp()
     _die_with_parent()
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <worker>` dumps its threads' stacks to stderr
     from gateway.app import create_app
     from gateway.commands.cli import configure_logging
     from gateway.commands.typer_app import load_config
@@ -91,9 +95,15 @@ class Supervisor:
     Args:
         config, host, port, log_level: what each worker serves (``serve``'s options).
         workers: how many, ≥ 1.
+        stop_bound_s: after the first stop signal, workers still alive this long are killed
+            (SIGKILL) and the exit status is 1: their own drain and grace are over by then
+            (as Kubernetes kills a pod past its termination grace period).
     """
 
-    def __init__(self, config: Path, host: str, port: int, log_level: str, workers: int) -> None:
+    target = staticmethod(worker_main)  # what a worker runs (a test puts a stubborn one here)
+
+    def __init__(self, config: Path, host: str, port: int, log_level: str, workers: int, *,
+                 stop_bound_s: float = 60.0) -> None:
         self.args = (str(config), host, port, log_level)
         self.n = workers
         self.ctx = multiprocessing.get_context("spawn")
@@ -101,7 +111,10 @@ class Supervisor:
         self.signals = 0
         self.sock: socket.socket | None = None
         self.ready: dict[int | None, Event] = {}
+        self.stop_bound_s = stop_bound_s
+        self.first_signal_s: float | None = None
         self.reaped: set[int | None] = set()
+        self.killed: set[int] = set()
 
     def run(self) -> int:
         """Serve until stopped; the exit status (0: every worker stopped cleanly; 3: the port
@@ -130,13 +143,15 @@ class Supervisor:
 
     def _start(self) -> multiprocessing.process.BaseProcess:
         ready = self.ctx.Event()
-        proc = self.ctx.Process(target=worker_main, args=(*self.args, self.sock, ready), name="kappa-gateway-worker")
+        proc = self.ctx.Process(target=self.target, args=(*self.args, self.sock, ready), name="kappa-gateway-worker")
         proc.start()
         self.ready[proc.pid] = ready
         return proc
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:
         self.signals += 1
+        if self.first_signal_s is None:
+            self.first_signal_s = time.monotonic()
         for proc in self.procs:
             if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, sig)
@@ -147,6 +162,14 @@ class Supervisor:
         failed = False
         while any(p.exitcode is None for p in self.procs):
             wait([p.sentinel for p in self.procs if p.exitcode is None], timeout=WAIT_POLL_S)
+            if self.first_signal_s is not None and time.monotonic() - self.first_signal_s > self.stop_bound_s:
+                for proc in self.procs:
+                    if proc.exitcode is None and proc.pid is not None and proc.pid not in self.killed:
+                        log.error("worker %s still running %.0fs after the stop: killing it", proc.pid,
+                                  self.stop_bound_s)
+                        self.killed.add(proc.pid)
+                        failed = True
+                        os.kill(proc.pid, signal.SIGKILL)
             for i, proc in enumerate(self.procs):
                 if proc.exitcode is None or proc.pid in self.reaped:
                     continue

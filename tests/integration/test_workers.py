@@ -7,6 +7,7 @@ fake upstream; signals to pids this test started (the parent) or read from the g
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -83,3 +84,21 @@ def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url:
         finally:
             stop_processes([parent])
             log.close()
+
+
+def test_workers_that_outlive_the_stop_bound_are_killed_and_the_exit_says_so() -> None:
+    """A worker hung in its shutdown must not hold the service (and a rollout) for ever: past
+    drain + grace + margins the supervisor kills it and exits 1, as Kubernetes would."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.stubborn_worker", "1.0"], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
+                                                                    if k != "PROMETHEUS_MULTIPROC_DIR"})
+    try:
+        pids = json.loads(proc.stdout.readline())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1
+        for pid in pids:  # gone, not orphaned
+            poll(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or
+                 Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", f"worker {pid} to be gone")
+    finally:
+        stop_processes([proc])
+        proc.stdout.close()
