@@ -89,7 +89,7 @@ def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url:
 def test_workers_that_outlive_the_stop_bound_are_killed_and_the_exit_says_so() -> None:
     """A worker hung in its shutdown must not hold the service (and a rollout) for ever: past
     drain + grace + margins the supervisor kills it and exits 1, as Kubernetes would."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.stubborn_worker", "1.0"], cwd=REPO_ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.stubborn_workers", "1.0"], cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
                                                                     if k != "PROMETHEUS_MULTIPROC_DIR"})
     try:

@@ -1,6 +1,6 @@
 """A `gateway.commands.workers.Supervisor` whose workers ignore SIGTERM and never exit on their own.
 
-``python -m tests.support.stubborn_worker BOUND_S`` prints the worker pids as JSON once both
+``python -m tests.integration.stubborn_workers BOUND_S`` prints the worker pids as JSON once both
 serve, then supervises them like ``serve --workers 2`` with a stop bound of ``BOUND_S``. The
 supervisor's escalation (SIGKILL past the bound, exit 1) is what a test checks. Imports the
 project's supervisor only; the workers run `stubborn` (a spawn target must be importable).
