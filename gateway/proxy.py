@@ -73,7 +73,9 @@ async def serve_proxy(scope: Scope, receive: Receive, send: Send, kind: Kind, gw
         response = await proxy(request, kind, gw, slot)
     except GatewayError as exc:
         if not exc.counted:  # refused before proxy() began: key or admission
-            _count_refusal(gw, kind, exc, request_id_of(request.headers.get("x-request-id")))
+            exc.request_id = request_id_of(request.headers.get("x-request-id"))
+            _count_unrouted(gw, kind, exc.request_id, str(exc.status), exc.status, "refused")
+            exc.counted = True
         response = error_response(exc)
     except Exception as exc:  # noqa: BLE001 -- every failure is answered, OpenAI-style
         response = error_response(exc)
@@ -84,10 +86,12 @@ async def serve_proxy(scope: Scope, receive: Receive, send: Send, kind: Kind, gw
             slot.release()
 
 
-def _count_refusal(gw: GatewayState, kind: Kind, exc: GatewayError, request_id: str) -> None:
-    exc.request_id, exc.counted = request_id, True
-    gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", str(exc.status))
-    gw.access_log.write(request_id=request_id, route=kind, backend="none", status=exc.status, outcome="refused")
+def _count_unrouted(gw: GatewayState, kind: Kind, request_id: str, label: str, status: int, outcome: str,
+                    e2e_s: float | None = None) -> None:
+    """Count and log a request that ended before any backend had it (backend "none")."""
+    gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", label)
+    gw.access_log.write(request_id=request_id, route=kind, backend="none", status=status, outcome=outcome,
+                        e2e_s=e2e_s)
 
 
 async def proxy(request: Request, kind: Kind, gw: GatewayState, slot: Slot | None = None) -> Response:
@@ -107,14 +111,12 @@ async def proxy(request: Request, kind: Kind, gw: GatewayState, slot: Slot | Non
         exc.request_id = request_id
         if not exc.counted:
             exc.counted = True
-            gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", str(exc.status))
-            gw.access_log.write(request_id=request_id, route=kind, backend="none", status=exc.status,
-                                outcome="refused" if exc.status < 500 else "failed", e2e_s=gw.clock() - received_s)
+            _count_unrouted(gw, kind, request_id, str(exc.status), exc.status,
+                            "refused" if exc.status < 500 else "failed", gw.clock() - received_s)
         raise
     except ClientDisconnect:  # the client left while sending its body: nobody reads an answer
-        gw.telemetry.count_request("none", "none", gw.settings.routing.policy, "none", "client_disconnect")
-        gw.access_log.write(request_id=request_id, route=kind, backend="none", status=CLIENT_CLOSED_REQUEST,
-                            outcome="client_disconnect", e2e_s=gw.clock() - received_s)
+        _count_unrouted(gw, kind, request_id, "client_disconnect", CLIENT_CLOSED_REQUEST, "client_disconnect",
+                        gw.clock() - received_s)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
