@@ -21,6 +21,8 @@ Environment variables override the deployment settings only: ``KAPPA_HOST``, ``K
 
 from __future__ import annotations
 
+import functools
+
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -255,7 +257,7 @@ class Settings(_Strict):
             pool_link = backend.kv_pool_link_gb_s or kv_pool_link_gb_s(
                 hardware, backend.tensor_parallel, link_gb_s_per_gpu=self.kv_pool.link_gb_s_per_gpu,
                 host_link_gb_s=backend.host_link_gb_s)
-        return BackendSpec(
+        return _interned(BackendSpec(
             model=self.model_profile(catalog, backend.model),
             hardware=hardware,
             power_cap_w=backend.power_cap_w,
@@ -263,11 +265,18 @@ class Settings(_Strict):
             host_link_gb_s=backend.host_link_gb_s,
             overlap_host_load=backend.overlap_host_load,
             kv_pool_link_gb_s=pool_link,
-        )
+        ))
 
     def served_models(self) -> list[str]:
         """Model names clients may ask for, in config order, without repeats."""
         return list(dict.fromkeys(b.model for b in self.backends))
+
+
+@functools.cache
+def _interned(spec: BackendSpec) -> BackendSpec:
+    """The first spec equal to ``spec``: backends configured alike share one `BackendSpec` object,
+    which the router keys its per-request predictions on (`router.candidates.build_candidates`)."""
+    return spec
 
 
 def _path(loc: tuple[Any, ...]) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.cost import RequestShape, predict
+from router.cost import RequestShape, UnqueuedEstimate, predict_unqueued, with_queue_wait
 from router.types import BackendView, Candidate, RequestFeatures
 
 
@@ -35,18 +35,24 @@ def build_candidates(features: RequestFeatures, views: Sequence[BackendView]) ->
     the cost model is the view's outstanding prefill seconds (the gateway's ledger).
     """
     prompt = max(features.prompt_tokens, 1)
+    output = max(features.max_tokens, 1)
+    block = features.block_size_tokens
+    # Backends that share a spec (same object: `fleet_config` interns equal specs) and the same
+    # K by tier get the same prediction but for the queue wait: computed once per request.
+    unqueued: dict[tuple[int, int, int, int, int], UnqueuedEstimate] = {}
     out = []
     for view in views:
-        hbm = min(int(view.hbm_blocks * features.block_size_tokens), prompt - 1)
-        host = min(int(view.host_blocks * features.block_size_tokens), prompt - 1 - hbm)
-        kv_pool = min(int(view.kv_pool_blocks * features.block_size_tokens), prompt - 1 - hbm - host)
+        hbm = min(int(view.hbm_blocks * block), prompt - 1)
+        host = min(int(view.host_blocks * block), prompt - 1 - hbm)
+        kv_pool = min(int(view.kv_pool_blocks * block), prompt - 1 - hbm - host)
         uncached = prompt - hbm - host - kv_pool
-        held = min(int(view.in_flight_blocks * features.block_size_tokens), hbm)
-        estimate = predict(
-            RequestShape(hbm, host, uncached, max(features.max_tokens, 1), kv_pool, held, features.sequences),
-            view.spec,
-            queue_wait_s=view.outstanding_prefill_s,
-        )
+        held = min(int(view.in_flight_blocks * block), hbm)
+        key = (id(view.spec), hbm, host, kv_pool, held)
+        base = unqueued.get(key)
+        if base is None:
+            base = unqueued[key] = predict_unqueued(
+                RequestShape(hbm, host, uncached, output, kv_pool, held, features.sequences), view.spec)
+        estimate = with_queue_wait(base, view.outstanding_prefill_s)
         admitted = estimate.kv_demand_bytes <= view.free_kv_bytes
         out.append(Candidate(view.backend_id, hbm, host, uncached, estimate, admitted, kv_pool))
     return out

@@ -264,6 +264,43 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
     Raises:
         ValueError: cached pool tokens on a backend without a pool link.
     """
+    return with_queue_wait(predict_unqueued(shape, backend), queue_wait_s)
+
+
+@dataclass(frozen=True, slots=True)
+class UnqueuedEstimate:
+    """`predict`'s figures for a request that waits for nothing, and its decode time: adding a
+    queue wait (`with_queue_wait`) moves only TTFT and E2E, so one of these serves every backend
+    with the same spec and the same K by tier (`router.candidates.build_candidates`).
+
+    Attributes:
+        estimate: the `CostEstimate` at queue wait 0.
+        decode_s: (output tokens − 1) · decode step, seconds (E2E − TTFT).
+    """
+
+    estimate: CostEstimate
+    decode_s: float
+
+
+def with_queue_wait(unqueued: UnqueuedEstimate, queue_wait_s: float) -> CostEstimate:
+    """The estimate after ``queue_wait_s`` seconds of queue: TTFT = wait + prefill and
+    E2E = TTFT + decode, in the same float operations as ever (decisions are bit-for-bit those
+    of one `predict` per backend)."""
+    est = unqueued.estimate
+    if queue_wait_s == 0.0:
+        return est
+    ttft = queue_wait_s + est.prefill_s
+    return CostEstimate(est.t_compute_s, est.t_load_s, est.prefill_s, est.decode_step_s, ttft,
+                        ttft + unqueued.decode_s, est.energy_j, est.load_bytes, est.kv_demand_bytes, est.kappa_ratio,
+                        est.kappa_ratio_loaded, est.kappa_crit, est.regime)
+
+
+def predict_unqueued(shape: RequestShape, backend: BackendSpec) -> UnqueuedEstimate:
+    """`predict` at queue wait 0, with the decode time apart (`UnqueuedEstimate`).
+
+    Raises:
+        ValueError: cached pool tokens on a backend without a pool link.
+    """
     c = kappa.model_constants(backend.model)
     cached = shape.cached_hbm_tokens + shape.cached_host_tokens + shape.cached_kv_pool_tokens
     prompt = cached + shape.uncached_prompt_tokens
@@ -282,11 +319,11 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         kappa_hw = kappa.kappa_hw(load_bytes / pf.load_s, backend.c_eff_flops_per_s)
     context = prompt + shape.output_tokens / 2.0
     decode_step = (c.active_weight_bytes + c.kv_bytes(context)) / backend.hbm_bandwidth_bytes_per_s
-    ttft = queue_wait_s + pf.duration_s
+    ttft = 0.0 + pf.duration_s
     decode_time = max(shape.output_tokens - 1.0, 0.0) * decode_step
     energy = (backend.power_w(pf.utilisation) * pf.duration_s
               + backend.power_w(DECODE_POWER_UTILISATION) * decode_time)
-    return CostEstimate(
+    return UnqueuedEstimate(CostEstimate(
         t_compute_s=pf.compute_s,
         t_load_s=pf.load_s,
         prefill_s=pf.duration_s,
@@ -301,4 +338,4 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
         kappa_crit=c.kappa_crit(kappa_hw, uncached, cached_hbm_tokens=shape.cached_hbm_tokens, loaded_tokens=loaded,
                                 bytes_per_loaded_token=load_bytes / loaded if loaded > 0 else None),
         regime=Regime.TRANSFER if pf.load_s > pf.compute_s else Regime.COMPUTE,
-    )
+    ), decode_time)
