@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "HASH_LIMIT",
@@ -69,8 +69,7 @@ class TierCapacity:
         return self.hbm_blocks + self.host_blocks
 
 
-@dataclass(frozen=True, slots=True)
-class BlockMatch:
+class BlockMatch(NamedTuple):
     """The cached prefix of one request's chain on one backend.
 
     Attributes:

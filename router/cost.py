@@ -25,6 +25,7 @@ adds queueing from its own ledger, the simulator and mock engine model batching.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from router import kappa
 from router.kappa import Regime
@@ -121,8 +122,7 @@ class BackendSpec:
         return self.idle_power_w + (self.max_power_w - self.idle_power_w) * u
 
 
-@dataclass(frozen=True, slots=True)
-class RequestShape:
+class RequestShape(NamedTuple):
     """What a request asks of a backend, in tokens.
 
     Args:
@@ -157,8 +157,7 @@ class RequestShape:
         return self.cached_tokens + self.uncached_prompt_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class CostEstimate:
+class CostEstimate(NamedTuple):
     """Predicted figures for one request on one backend (seconds, joules, bytes).
 
     The κ figures (names as in `router.kappa`'s glossary; dimensionless):
@@ -188,8 +187,7 @@ class CostEstimate:
     regime: Regime
 
 
-@dataclass(frozen=True, slots=True)
-class Roofline:
+class Roofline(NamedTuple):
     """One forward pass (a prefill, or an engine step) on a backend: its time by resource.
 
     Attributes:
@@ -267,8 +265,7 @@ def predict(shape: RequestShape, backend: BackendSpec, *, queue_wait_s: float = 
     return with_queue_wait(predict_unqueued(shape, backend), queue_wait_s)
 
 
-@dataclass(frozen=True, slots=True)
-class UnqueuedEstimate:
+class UnqueuedEstimate(NamedTuple):
     """`predict`'s figures for a request that waits for nothing, and its decode time: adding a
     queue wait (`with_queue_wait`) moves only TTFT and E2E, so one of these serves every backend
     with the same spec and the same K by tier (`router.candidates.build_candidates`).

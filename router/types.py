@@ -8,6 +8,7 @@ a function of plain values, table-testable without I/O (STYLE.md B1, llm-d's sco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from router.cost import BackendSpec, CostEstimate
 
@@ -33,8 +34,7 @@ class RequestFeatures:
     sequences: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class BackendView:
+class BackendView(NamedTuple):
     """One candidate backend as the router sees it at decision time.
 
     Index figures are in index blocks; the ledger figures are the gateway's own (updated
@@ -78,8 +78,7 @@ class BackendView:
         return self.kv_capacity_bytes - self.kv_demand_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One backend's figures for this request (tokens; the cost model's estimate)."""
 
     backend_id: str

@@ -56,7 +56,7 @@ def _digest(workload: str) -> dict[str, str]:
             def observe(event: DecisionEvent) -> None:
                 h.update(f"{event.request_index}|{event.decision.reason}|".encode())
                 for c in event.decision.ranked:  # every candidate, best first, with every figure
-                    figures = [getattr(c.estimate, f.name) for f in dataclasses.fields(c.estimate)]
+                    figures = list(c.estimate)
                     h.update(f"{c.backend_id}:{c.cached_hbm_tokens}:{c.cached_host_tokens}:{c.cached_kv_pool_tokens}:"
                              f"{c.uncached_prompt_tokens}:{c.admitted}:{':'.join(map(_hex, figures))};".encode())
 
