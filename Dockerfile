@@ -20,6 +20,8 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 # The source tree stays at /app and is installed in editable mode: fleet_config/catalog.py reads the
 # model and hardware catalogs from config/ beside the packages (CONFIG_DIR = parents[1] of
 # fleet_config/catalog.py), which a regular install into site-packages would leave behind.
+COPY setup.py ./
+COPY hot_path/ hot_path/
 COPY gateway/ gateway/
 COPY dispatch/ dispatch/
 COPY fleet_config/ fleet_config/
@@ -28,8 +30,14 @@ COPY prefix_index/ prefix_index/
 COPY mock_vllm/ mock_vllm/
 COPY sim/ sim/
 COPY config/ config/
-RUN pip install --no-cache-dir --no-deps -e . \
-    && python -c "from fleet_config.catalog import default_catalog; default_catalog()"
+# The per-request hot path is compiled (mypyc and C: setup.py, hot_path) with a compiler and
+# xxhash.h that are removed again in the same layer; without them it would install as pure Python.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libxxhash-dev \
+    && pip install --no-cache-dir --no-deps -e . \
+    && apt-get purge -y --auto-remove gcc libc6-dev libxxhash-dev \
+    && rm -rf /var/lib/apt/lists/* build/ \
+    && python -c "from fleet_config.catalog import default_catalog; default_catalog(); import hot_path, router.decide, prefix_index.hashing; print(hot_path.describe())"
 
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kappa
 USER kappa

@@ -11,6 +11,10 @@ May import `router` and `prefix_index` only; no I/O of its own (the index does i
 but an injected one.
 """
 
+import hot_path
+
+hot_path.select()  # compiled modules or their sources, before any is imported (hot_path)
+
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
 from dispatch.ledger import Ledger, Ticket
 from dispatch.pipeline import DispatchHooks, Dispatcher, Plan, RoutableRequest

@@ -38,6 +38,7 @@ Pure: no I/O, no clock. The dispatcher owns one and calls it from `Dispatcher.ob
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from prefix_index import KV_POOL_ID
 
@@ -54,9 +55,9 @@ MISS_STREAK = 3
 class Outcome:
     """How K compared with the reported cached tokens (values of ``outcome`` labels)."""
 
-    WITHIN_ONE_BLOCK = "within_one_block"
-    OVER = "over"
-    UNDER = "under"
+    WITHIN_ONE_BLOCK: Final = "within_one_block"
+    OVER: Final = "over"
+    UNDER: Final = "under"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
 
+import hot_path
+
 from gateway.backends import BackendSet, BackendState
 from gateway.peers import PeerLoad
 from gateway.routing import RoutingService
@@ -127,8 +129,8 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
             stack.push_async_callback(state.peers.stop)
         stack.push_async_callback(state.drain)
         healthy = sum(s.healthy for s in states)
-        log.info("gateway ready: %d/%d backends healthy, policy %s, %s index", healthy, len(states),
-                 settings.routing.policy, settings.index.backend)
+        log.info("gateway ready: %d/%d backends healthy, policy %s, %s index, hot path %s", healthy, len(states),
+                 settings.routing.policy, settings.index.backend, hot_path.describe())
         # Everything allocated so far lives as long as the app: keep it out of the cyclic GC's
         # full collections, which otherwise walk it again and again under load.
         gc.freeze()

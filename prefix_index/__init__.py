@@ -21,6 +21,10 @@ Typical request path::
     matches = await index.match(model, hashes, capacities)
 """
 
+import hot_path
+
+hot_path.select()  # compiled modules or their sources, before any is imported (hot_path)
+
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, PrefixIndex, TierCapacity
 from prefix_index.breaker import BreakerIndex, CircuitBreaker
 from prefix_index.canonical import (

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "bench", "tests"}
+OURS = {"hot_path", "gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "bench", "tests"}
 IO_LIBRARIES = {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette", "prometheus_client", "uvicorn",
                 "socket", "subprocess"}
 
 # Who may import whom (DESIGN.md §2, README "Architecture"):
+#   hot_path      which modules run compiled (issue 14): stdlib only, below every package
 #   router        the decision: stdlib and pydantic only, no I/O, no clock
 #   prefix_index  canonical bytes, hashing, the index: stdlib, xxhash (redis in its Redis modules)
 #   dispatch      the one pipeline (gateway and simulator): router, prefix_index; no I/O, no clock
@@ -24,12 +25,13 @@ IO_LIBRARIES = {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette", 
 #   gateway/commands  the CLI and offline tools: everything
 # package (a folder, or a folder minus sub-folders listed on their own) -> modules it must never import.
 FORBIDDEN = {
-    "router": OURS - {"router"} | IO_LIBRARIES | {"xxhash"},
+    "hot_path": OURS - {"hot_path"} | IO_LIBRARIES | {"xxhash", "pydantic"},
+    "router": OURS - {"router", "hot_path"} | IO_LIBRARIES | {"xxhash"},
     "prefix_index": {"gateway", "router", "dispatch", "fleet_config", "mock_vllm", "sim", "bench", "tests", "httpx",
                      "fastapi"},
-    "dispatch": OURS - {"dispatch", "router", "prefix_index"} | IO_LIBRARIES,
-    "fleet_config": OURS - {"fleet_config", "router", "prefix_index"} | IO_LIBRARIES,
-    "mock_vllm": OURS - {"mock_vllm", "router", "fleet_config"},
+    "dispatch": OURS - {"dispatch", "router", "prefix_index", "hot_path"} | IO_LIBRARIES,
+    "fleet_config": OURS - {"fleet_config", "router", "prefix_index", "hot_path"} | IO_LIBRARIES,
+    "mock_vllm": OURS - {"mock_vllm", "router", "fleet_config", "hot_path"},
     "sim": {"gateway", "bench", "tests"},
     "gateway": {"sim", "mock_vllm", "bench", "tests"},
     "tests/support": OURS - {"tests"},
@@ -89,8 +91,9 @@ def test_package_imports_only_what_design_allows(package: str) -> None:
 
 
 def test_prefix_index_imports_only_stdlib_and_xxhash() -> None:
-    """STYLE.md B2 as an allow-list: stdlib, xxhash; redis only in the Redis implementation's modules."""
-    allowed = set(sys.stdlib_module_names) | {"xxhash", "prefix_index"}
+    """STYLE.md B2 as an allow-list: stdlib, xxhash, hot_path (which of its modules run compiled);
+    redis only in the Redis implementation's modules."""
+    allowed = set(sys.stdlib_module_names) | {"xxhash", "prefix_index", "hot_path"}
     violations = []
     for path in python_files("prefix_index"):
         rel = path.relative_to(ROOT).as_posix()

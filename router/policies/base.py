@@ -21,7 +21,10 @@ class PolicyConfigError(RouterError, ValueError):
 
 
 class Policy(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """The policy's name in configuration and metrics."""
+        ...
 
     def decide(self, features: RequestFeatures, candidates: Sequence[Candidate],
                views: Sequence[BackendView], rng: random.Random) -> Decision:

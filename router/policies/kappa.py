@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from router.policies.base import PolicyConfigError, check_params
 from router.types import BackendView, Candidate, Decision, RequestFeatures
@@ -53,7 +53,7 @@ DEFAULT_WORK_WEIGHT = 1.0
 
 
 class KappaPolicy:
-    name = "kappa"
+    name: ClassVar[str] = "kappa"
 
     def __init__(self, energy_tie_ratio: float = DEFAULT_ENERGY_TIE_RATIO,
                  work_weight: float = DEFAULT_WORK_WEIGHT) -> None:

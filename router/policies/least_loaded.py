@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from router.policies.base import check_params, rank_by
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 
 class LeastLoadedPolicy:
-    name = "least-loaded"
+    name: ClassVar[str] = "least-loaded"
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> LeastLoadedPolicy:

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from router.policies.base import PolicyConfigError, check_params, rank_by
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 
 class PrefixAffinityPolicy:
-    name = "prefix-affinity"
+    name: ClassVar[str] = "prefix-affinity"
 
     def __init__(self, balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5,
                  cache_threshold: float = 0.3) -> None:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from router.policies.base import check_params
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 
 class RoundRobinPolicy:
-    name = "round-robin"
+    name: ClassVar[str] = "round-robin"
 
     def __init__(self) -> None:
         self._cursor = 0

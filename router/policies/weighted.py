@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from router.policies.base import PolicyConfigError, check_params, rank_by
 from router.types import BackendView, Candidate, Decision, RequestFeatures
@@ -34,7 +34,7 @@ def queue_scores(waiting: Sequence[int]) -> list[float]:
 
 
 class WeightedPolicy:
-    name = "weighted"
+    name: ClassVar[str] = "weighted"
 
     def __init__(self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0) -> None:
         if min(prefix_weight, queue_weight, kv_weight) < 0:

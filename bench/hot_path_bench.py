@@ -12,10 +12,10 @@ other, as the proxy does per request:
   ticket.
 
 Prints, per stage, the median µs per request and which modules ran compiled (mypyc,
-`build_hot_path.py`) — run it once with ``KAPPA_PURE_PYTHON=1`` and once without to compare
+`setup.py`, `hot_path`) — run it once with ``KAPPA_PURE_PYTHON=1`` and once without to compare
 side by side, or pass ``--both`` to do it in two child processes of one run:
 
-    python bench/hot_path.py [--size 8k|128k] [--requests N] [--both] [--json]
+    python bench/hot_path_bench.py [--size 8k|128k] [--requests N] [--both] [--json]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def measure(size: str, requests: int) -> dict[str, Any]:
     from gateway.telemetry import Telemetry
     from overhead import make_bodies
     from prefix_index import MemoryPrefixIndex
-    from router import compiled_modules
+    import hot_path
     from router.calibration import BytesPerToken
     from router.policies import build_policy
 
@@ -91,7 +91,7 @@ async def measure(size: str, requests: int) -> dict[str, Any]:
                 timings["plan"].append(t2 - t1)
                 timings["book"].append(t3 - t2)
     stages = {k: statistics.median(v) * 1e6 for k, v in timings.items()}
-    return {"size": size, "requests": requests, "compiled_modules": compiled_modules(),
+    return {"size": size, "requests": requests, "hot_path": hot_path.describe(), "compiled_modules": hot_path.compiled_modules(),
             "us_per_request": {**{k: round(v, 1) for k, v in stages.items()},
                                "total": round(sum(stages.values()), 1)}}
 

@@ -1,0 +1,166 @@
+"""The per-request hot path's compiled build: which modules, and when they are used (issue 14).
+
+Two kinds of compiled code, chosen by measurement (`bench/hot_path_bench.py`, BENCHMARKS.md
+"The hot path: what compiled code bought"):
+
+- ``MYPYC_MODULES``: the κ cost model, candidates, policies, the in-memory index and the
+  ledger, compiled by mypyc from the very Python files that define them (one definition of
+  the κ model; the ``.py`` is the source of truth and the fallback);
+- ``C_EXTENSIONS``: ``prefix_index._chain``, the chained XXH3 block hashes in C
+  (`prefix_index.hashing.block_hashes` is the definition and the fallback).
+
+``setup.py`` builds both when it can (a C compiler, mypy, xxhash.h) and installs pure Python
+when it cannot. At run time the sources are used instead of a compiled module when:
+
+- ``KAPPA_PURE_PYTHON`` is set to a non-empty value other than ``0`` (also honoured at build
+  time: nothing is compiled), e.g. to compare the two (`bench/hot_path_bench.py --both`);
+- any compiled module is older than its source (an edited tree not rebuilt): all sources
+  are used, with one warning saying to re-run ``pip install -e .``, so an edit always runs.
+
+The choice is all or nothing — mypyc calls between compiled modules natively, so a compiled
+module never runs beside the source of another — and is made once, by the first package that
+asks (`select`, called at the top of ``router``, ``prefix_index`` and ``dispatch``).
+
+This room imports nothing of the project (it sits below every package that uses it).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PURE_PYTHON_ENV = "KAPPA_PURE_PYTHON"
+
+# Compiled together by mypyc (one group): the modules a routing decision runs, and the
+# in-memory index and ledger its bookkeeping runs. Not here: modules with pydantic models
+# or runtime-checkable protocols (profiles, base), exceptions, and classes that interpreted
+# code subclasses (dispatch.target.Target, dispatch.pipeline.RoutableRequest).
+MYPYC_MODULES = (
+    "router/kappa.py",
+    "router/cost.py",
+    "router/types.py",
+    "router/candidates.py",
+    "router/decide.py",
+    "router/calibration.py",
+    "router/policies/base.py",
+    "router/policies/kappa.py",
+    "router/policies/least_loaded.py",
+    "router/policies/prefix_affinity.py",
+    "router/policies/round_robin.py",
+    "router/policies/weighted.py",
+    "prefix_index/memory_index.py",
+    "prefix_index/pending.py",
+    "prefix_index/kv_pool.py",
+    "dispatch/ledger.py",
+    "dispatch/evidence.py",
+)
+MYPYC_GROUP = "kappa_hot_path"
+# name -> C sources (the header-only xxHash comes from the system's libxxhash-dev).
+C_EXTENSIONS = {"prefix_index._chain": ("prefix_index/_chain.c",)}
+
+log = logging.getLogger("kappa_gateway.hot_path")
+_decision: str | None = None  # None until `select` ran: "compiled" or why the sources run
+
+
+def pure_python_requested(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """``KAPPA_PURE_PYTHON`` is set to a non-empty value other than ``0``."""
+    return environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
+
+
+def _extension_of(anchor: Path) -> Path | None:
+    """The compiled module built for ``anchor`` (``router/cost.py`` -> ``router/cost.cpython-311-x86_64-linux-gnu.so``), if any."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        built = anchor.with_name(anchor.stem + suffix)
+        if built.exists():
+            return built
+    return None
+
+
+def _builds(root: Path) -> list[tuple[Path, tuple[Path, ...]]]:
+    """(module path as a ``.py`` anchor, the files it is built from) for every compiled module."""
+    builds: list[tuple[Path, tuple[Path, ...]]] = [(root / m, (root / m,)) for m in MYPYC_MODULES]
+    builds += [(root / (name.replace(".", "/") + ".py"), tuple(root / s for s in sources))
+               for name, sources in C_EXTENSIONS.items()]
+    return builds
+
+
+def stale_modules(root: Path = ROOT) -> list[str]:
+    """Compiled modules under ``root`` older than a file they are built from (module paths
+    relative to ``root``, without suffix)."""
+    stale = []
+    for anchor, inputs in _builds(root):
+        built = _extension_of(anchor)
+        if built is not None and any(i.exists() and i.stat().st_mtime > built.stat().st_mtime for i in inputs):
+            stale.append(anchor.relative_to(root).with_suffix("").as_posix())
+    return stale
+
+
+def _shims_without_group() -> bool:
+    """Some mypyc module was built but not the group library its code lives in."""
+    if not any(_extension_of(ROOT / m) for m in MYPYC_MODULES):
+        return False
+    return _extension_of(ROOT / f"{MYPYC_GROUP}__mypyc.py") is None and \
+        importlib.util.find_spec(f"{MYPYC_GROUP}__mypyc") is None
+
+
+def _use_sources() -> None:
+    """Make every directory holding compiled modules import from ``.py`` files only: its
+    path-entry finder is replaced by one without the extension-module loader."""
+    loaders = [(importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),
+               (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES)]
+    directories = {str((ROOT / m).parent) for m in MYPYC_MODULES}
+    directories |= {str((ROOT / name.replace(".", "/")).parent) for name in C_EXTENSIONS}
+    for directory in directories:
+        sys.path_importer_cache[directory] = importlib.machinery.FileFinder(directory, *loaders)
+
+
+def select() -> str:
+    """Decide, once per process, whether the compiled modules or the sources run (module
+    docstring); returns ``"compiled"`` or the reason the sources run. Call it before any
+    compiled module is imported (the packages' ``__init__`` do)."""
+    global _decision
+    if _decision is not None:
+        return _decision
+    if pure_python_requested():
+        _decision = f"pure Python ({PURE_PYTHON_ENV} is set)"
+    else:
+        stale = stale_modules()
+        if stale:
+            _decision = f"pure Python (compiled modules older than their source: {', '.join(stale[:3])}"
+            _decision += ", ..." if len(stale) > 3 else ""
+            _decision += "; re-run pip install -e . to rebuild them)"
+            log.warning("hot path: %s", _decision)
+        elif _shims_without_group():
+            _decision = (f"pure Python (the mypyc group library {MYPYC_GROUP}__mypyc is missing: a partial build; "
+                         "re-run pip install -e .)")
+            log.warning("hot path: %s", _decision)
+        else:
+            _decision = "compiled"
+    if _decision != "compiled":
+        _use_sources()
+    return _decision
+
+
+def compiled_modules() -> list[str]:
+    """The project's modules loaded from compiled extensions in this process, sorted (empty:
+    everything runs from source, because nothing was built or `select` chose the sources)."""
+    return sorted(name for name, module in list(sys.modules.items())
+                  if name.split(".")[0] in ("router", "dispatch", "prefix_index")
+                  and isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader))
+
+
+def describe() -> str:
+    """One line for logs and benchmarks: what runs compiled, or why nothing does."""
+    decision = select()
+    if decision != "compiled":
+        return decision
+    modules = compiled_modules()
+    if not modules:
+        return "pure Python (no compiled modules built: see setup.py)"
+    chain = "prefix_index._chain" in modules
+    return f"compiled ({len(modules) - chain} mypyc modules{', C block hashing' if chain else ''})"

@@ -1,0 +1,3 @@
+"""Type stub of the C extension ``prefix_index/_chain.c`` (built by setup.py where it can be)."""
+
+def block_hashes(data: bytes, block_size_bytes: int, seed: int, /) -> list[int]: ...

@@ -1,0 +1,82 @@
+"""Issue 14: the compiled hot path runs where it was built, the sources where asked or stale.
+
+Child processes import the router, the index and the pipeline as the gateway does and report
+which modules came from compiled extensions (`hot_path.compiled_modules`).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hot_path
+
+REQUIRE_COMPILED_ENV = "KAPPA_REQUIRE_COMPILED"  # .ci/run sets it where it could build the extensions
+PROBE = ("import json, hot_path, router.decide, prefix_index.hashing, prefix_index.memory_index, dispatch; "
+         "import router.cost; print(json.dumps([hot_path.describe(), hot_path.compiled_modules(), router.cost.__file__]))")
+
+
+def probe(**env: str) -> tuple[str, list[str], str]:
+    child_env = {k: v for k, v in os.environ.items() if k != hot_path.PURE_PYTHON_ENV} | env
+    out = subprocess.run([sys.executable, "-c", PROBE], env=child_env, capture_output=True, text=True, check=True,
+                         cwd=hot_path.ROOT)
+    described, modules, cost_file = json.loads(out.stdout)
+    return described, modules, cost_file
+
+
+def built() -> bool:
+    return any(hot_path._extension_of(hot_path.ROOT / m) is not None for m in hot_path.MYPYC_MODULES)
+
+
+def test_where_ci_built_it_every_listed_module_runs_compiled() -> None:
+    if not os.environ.get(REQUIRE_COMPILED_ENV):
+        pytest.skip(f"{REQUIRE_COMPILED_ENV} not set: this machine may have no C compiler (.ci/run sets it)")
+    described, modules, cost_file = probe()
+    expected = {m.removesuffix(".py").replace("/", ".") for m in hot_path.MYPYC_MODULES} | set(hot_path.C_EXTENSIONS)
+    imported = expected - {"router.policies.least_loaded"}  # every module the probe imports, and more
+    assert described.startswith("compiled (") and not cost_file.endswith(".py")
+    assert imported - set(modules) == set(), f"not compiled: {sorted(imported - set(modules))}"
+
+
+def test_kappa_pure_python_runs_every_module_from_its_source() -> None:
+    described, modules, cost_file = probe(**{hot_path.PURE_PYTHON_ENV: "1"})
+    assert modules == [] and cost_file.endswith("router/cost.py")
+    assert described == "pure Python (KAPPA_PURE_PYTHON is set)"
+
+
+def test_without_the_switch_the_build_decides() -> None:
+    described, modules, _ = probe(**{hot_path.PURE_PYTHON_ENV: "0"})  # "0" means not set
+    if not built():
+        assert modules == [] and described.startswith("pure Python")
+    else:
+        assert "router.cost" in modules and described.startswith("compiled (")
+
+
+@pytest.mark.parametrize(("value", "pure"), [("", False), ("0", False), ("1", True), ("yes", True)])
+def test_the_switch_reads_set_and_not_zero(value: str, pure: bool) -> None:
+    assert hot_path.pure_python_requested({hot_path.PURE_PYTHON_ENV: value}) is pure
+    assert hot_path.pure_python_requested({}) is False
+
+
+def test_a_compiled_module_older_than_its_source_is_stale(tmp_path: Path) -> None:
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for module in ("router/cost", "router/kappa", "prefix_index/_chain"):
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / (module + suffix)).write_bytes(b"")
+    (tmp_path / "router/cost.py").write_text("")
+    (tmp_path / "router/kappa.py").write_text("")
+    (tmp_path / "prefix_index/_chain.c").write_text("")
+    old, new = 1_000_000_000, 1_000_000_100
+    os.utime(tmp_path / "router/cost.py", (old, old))  # source older than its build: fresh
+    os.utime(tmp_path / ("router/cost" + suffix), (new, new))
+    os.utime(tmp_path / ("router/kappa" + suffix), (old, old))  # build older than its source: stale
+    os.utime(tmp_path / "router/kappa.py", (new, new))
+    os.utime(tmp_path / ("prefix_index/_chain" + suffix), (old, old))  # the C source edited since
+    os.utime(tmp_path / "prefix_index/_chain.c", (new, new))
+    assert hot_path.stale_modules(tmp_path) == ["router/kappa", "prefix_index/_chain"]
