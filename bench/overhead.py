@@ -71,6 +71,7 @@ from overhead_report import (
     pct,
     row_line,
     side_by_side_table,
+    source_commit,
     summary,
 )
 from peer_routers import PEER_ROUTERS, READINESS_PATH, install_peers, is_ready, venvs_root
@@ -365,8 +366,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.monotonic()
-    report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "machine": machine()}
-    print(f"$ {report['command']}\n{json.dumps(report['machine'])}", file=sys.stderr)
+    report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "commit": source_commit(), "machine": machine()}
+    print(f"$ {report['command']}  # at {report['commit']}\n{json.dumps(report['machine'])}", file=sys.stderr)
     args.peer_pythons, args.peers_skipped = install_peers(args.targets, venvs_root())
     args.targets = [t for t in args.targets if t not in args.peers_skipped]
     print("| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS), file=sys.stderr, flush=True)

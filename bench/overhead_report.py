@@ -142,7 +142,7 @@ def side_by_side(rows: list[dict]) -> list[dict]:
 def _label(target: str, peers: dict[str, dict]) -> str:
     names = {"direct": "upstream stub, called directly", "bare": "bare aiohttp proxy",
              "memory": "kappa-gateway, memory index", "redis": "kappa-gateway, Redis index",
-             "relay": "kappa-gateway relay only (routing memoised)"}
+             "relay": "kappa-gateway, relay only: routing memoised"}
     if target in peers:
         return f"{peers[target]['package']} {peers[target]['version']}, {peers[target]['policy']}"
     return names.get(target, target)
@@ -165,8 +165,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Print a saved overhead run's peers side-by-side table.")
     p.add_argument("result", type=Path, help="the JSON `bench/overhead.py --json` wrote")
     report = json.loads(p.parse_args(argv).result.read_text(encoding="utf-8"))
-    print(f"`{report['command']}`\n")
+    print(f"`{report['command']}` at {report.get('commit', 'an unrecorded commit')}\n")
     print(side_by_side_table(report))
+
+
+def source_commit(repo: Path = Path(__file__).resolve().parents[1]) -> str:
+    """The short commit of the tree the bench runs from, ``-dirty`` if tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False).stdout
+
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
 
 def machine() -> dict[str, Any]:
