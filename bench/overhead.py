@@ -14,7 +14,12 @@ One run, all on 127.0.0.1, side by side, every server its own process:
   processes, and ``kappa-gateway serve --workers 2`` on the Redis index (issue 15);
 - ``relay`` (only when named in ``--targets``): `bench/relay_only.py`, the memory-index
   gateway with its routing work memoised per distinct body — the relay and observability
-  alone, the ceiling any routing code can reach on this stack.
+  alone, the ceiling any routing code can reach on this stack;
+- ``sglang-cache``, ``sglang-rr``, ``vllm-router``: the peers (issue 14), sglang-router with
+  its ``cache_aware`` and ``round_robin`` policies and vllm-router with ``cache_aware``, in
+  front of the same 8 stub ports, each from PyPI in its own cached venv
+  (`bench/peer_routers.py`); a peer whose package cannot be installed is skipped with one
+  line on stderr.
 
 Load comes from `bench/loadgen.py` in its own process: closed loop at concurrency 1 and
 32, chat bodies of 1k, 8k and 128k tokens (~4 bytes/token of text), 16 distinct prompts
@@ -22,14 +27,15 @@ per size in 4 groups that share a system prompt of half the length, cycled, so t
 matches and records real chains. Cells run target after target, in rotated order per
 round; p50/p99 are over the pooled rounds, throughput is the median round's. "Added"
 latency is the difference of percentiles against ``direct`` and against ``bare``.
-"Server CPU ms/req" is the CPU time the process under load (stub, proxy or gateway) used
-during the cell, per request (/proc, warm-up included): on a shared 2-core machine it is
+"Server CPU ms/req" is the CPU time the process under load (stub, proxy, gateway or peer
+router, with its threads and child processes) used during the cell, per request (/proc, warm-up included): on a shared 2-core machine it is
 steadier than throughput, and it is what an optimisation changes. The routing decision
 time is the p50 of the gateway's own ``gateway_routing_decision_seconds`` histogram
 (interpolated in its buckets). Tables and the budget verdict: `bench/overhead_report.py`.
 
     python bench/overhead.py [--quick] [--json] [--rounds N] [--cell-s S] [--sizes 8k,128k]
-                             [--targets direct,bare,memory,redis] [--compare NAME=DIR ...]
+                             [--targets direct,bare,memory,redis,sglang-cache,sglang-rr,vllm-router]
+                             [--compare NAME=DIR ...]
 
 Full run: 3 rounds of 3 s per cell, JSON and SSE bodies at every size (~10 min).
 ``--quick``: 2 rounds of 1.5 s, SSE bodies only at 8k (~2 min). ``--json`` prints the
@@ -64,8 +70,11 @@ from overhead_report import (
     machine,
     pct,
     row_line,
+    side_by_side_table,
+    source_commit,
     summary,
 )
+from peer_routers import PEER_ROUTERS, READINESS_PATH, install_peers, is_ready, venvs_root
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.commands.processes import free_port, stop_processes
@@ -85,6 +94,7 @@ CHAT_PATH = "/v1/chat/completions"
 CELL_S, QUICK_CELL_S = 3.0, 1.5
 MAX_REQUESTS = 50_000
 READY_TIMEOUT_S = 30.0
+DEFAULT_TARGETS = ("direct", "bare", "memory", "redis", *PEER_ROUTERS)
 
 
 def make_bodies(size: str, stream: bool) -> list[bytes]:
@@ -148,13 +158,22 @@ def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+def _answers_ready(path: str, status: int, body: bytes) -> bool:
+    if path == "/ready":  # the gateway's: every backend healthy
+        return status == 200 and json.loads(body)["healthy_backends"] == N_BACKENDS
+    if path == READINESS_PATH:  # a peer router's: every worker registered and healthy
+        return is_ready(status, body, N_BACKENDS)
+    return status == 200
+
+
 def wait_ready(port: int, path: str, procs: Processes, name: str) -> None:
-    """Poll until ``path`` answers 200 (for the gateway, /ready with all 8 backends healthy)."""
+    """Poll until ``path`` answers 200 (for the gateway, /ready with all 8 backends healthy;
+    for a peer router, /readiness with all 8 workers healthy)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
             status, body = http_get(port, path)
-            if status == 200 and (path != "/ready" or json.loads(body)["healthy_backends"] == N_BACKENDS):
+            if _answers_ready(path, status, body):
                 return
         time.sleep(0.05)  # polling a readiness endpoint, not sleeping in place of it
     raise TimeoutError(f"{name} not ready on port {port} within {READY_TIMEOUT_S}s:\n{procs.log_tail(name)}")
@@ -175,7 +194,8 @@ def gateway_config(stub_ports: list[int], port: int, redis_url: str | None, key_
 
 @contextlib.contextmanager
 def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple[int, int]]]:
-    """Start the stub, the bare proxy, Redis and the gateways; yield target name -> (port, pid)."""
+    """Start the stub, the bare proxy, Redis, the gateways and the installed peer routers
+    (``args.peer_pythons``: target -> venv interpreter); yield target name -> (port, pid)."""
     procs = Processes(workdir)
     py = sys.executable
     try:
@@ -210,15 +230,29 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
                                          "warning", *workers], env, cwd=Path(tree) if tree else BENCH_DIR.parent)
             pids[name] = gateway.pid
             targets[name] = port
+        worker_urls = [f"http://127.0.0.1:{p}" for p in stub_ports]
+        for name, python in args.peer_pythons.items():
+            port = free_port()
+            cmd = PEER_ROUTERS[name].command(python, worker_urls, port, metrics_port=free_port())
+            args.peer_commands[name] = shlex.join(cmd)
+            peer = procs.start(name, cmd)
+            targets[name], pids[name] = port, peer.pid
         wait_ready(stub_ports[-1], "/health", procs, "stub")
         wait_ready(targets["bare"], "/health", procs, "bare")
         if "bare-w2" in targets:
             wait_ready(targets["bare-w2"], "/health", procs, "bare-w2")
         for name, *_ in gateways:
             wait_ready(targets[name], "/ready", procs, name)
+        for name in args.peer_pythons:
+            wait_ready(targets[name], READINESS_PATH, procs, name)
         yield {t: (p, pids[t]) for t, p in targets.items() if t in args.targets or "@" in t}
     finally:
         procs.stop()
+
+
+def is_gateway(target: str) -> bool:
+    """Whether a target is a kappa-gateway (it has the gateway's /metrics on its port)."""
+    return not target.startswith(("direct", "bare")) and target not in PEER_ROUTERS
 
 
 def histograms(port: int) -> dict[str, dict[Any, float]]:
@@ -282,7 +316,7 @@ def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], workd
                 for r in range(args.rounds):
                     for t in names[r % len(names):] + names[: r % len(names)]:
                         port, pid = targets[t]
-                        before = histograms(port) if not t.startswith(("direct", "bare")) else None
+                        before = histograms(port) if is_gateway(t) else None
                         cpu_before = cpu_s(pid)
                         run = run_load(port, bodies_file, concurrency, args.cell_s)
                         cpu_ms[t].append((cpu_s(pid) - cpu_before) * 1e3 / (run["completed"] + run["warmup"]))
@@ -312,8 +346,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="rounds per cell (default 3; --quick 2)")
     p.add_argument("--cell-s", type=float, help=f"seconds per measurement (default {CELL_S}; --quick {QUICK_CELL_S})")
     p.add_argument("--sizes", help="comma list of 1k,8k,128k")
-    p.add_argument("--targets", default="direct,bare,memory,redis",
-                   help="comma list of the base targets to load (add relay for the routing-free ceiling)")
+    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                   help="comma list of the targets to load (add relay for the routing-free ceiling, "
+                        "bare-w2,redis-w2 for two workers; peers that cannot be installed are skipped)")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
                    help="also load a Redis gateway run from source tree DIR, as target redis@NAME")
     args = p.parse_args(argv)
@@ -324,19 +359,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cell_s = args.cell_s or (QUICK_CELL_S if args.quick else CELL_S)
     args.streams = [False, True]
     args.concurrency = [1, 32]
+    args.peer_pythons, args.peers_skipped, args.peer_commands = {}, {}, {}
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.monotonic()
-    report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "machine": machine()}
-    print(f"$ {report['command']}\n{json.dumps(report['machine'])}", file=sys.stderr)
+    report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "commit": source_commit(), "machine": machine()}
+    print(f"$ {report['command']}  # at {report['commit']}\n{json.dumps(report['machine'])}", file=sys.stderr)
+    args.peer_pythons, args.peers_skipped = install_peers(args.targets, venvs_root())
+    args.targets = [t for t in args.targets if t not in args.peers_skipped]
     print("| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS), file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="kappa-overhead-") as tmp, servers(args, Path(tmp)) as targets:
         rows = measure(args, targets, Path(tmp))
-        final = {t: histograms(port) for t, (port, _) in targets.items() if not t.startswith(("direct", "bare"))}
+        final = {t: histograms(port) for t, (port, _) in targets.items() if is_gateway(t)}
+    report["peers"] = {t: {"package": PEER_ROUTERS[t].package, "version": PEER_ROUTERS[t].version,
+                           "policy": PEER_ROUTERS[t].policy, "command": cmd} for t, cmd in args.peer_commands.items()}
+    report["peers_skipped"] = args.peers_skipped
     report.update(summary(rows, final), rows=rows, duration_s=round(time.monotonic() - started, 1))
+    print(side_by_side_table(report), file=sys.stderr)
     print(json.dumps({k: v for k, v in report.items() if k not in ("rows", "machine", "command")}, indent=2),
           file=sys.stderr)
     if args.json:

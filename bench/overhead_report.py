@@ -1,22 +1,31 @@
 """Numbers to table and verdict for `bench/overhead.py`: percentiles, derived columns, budget, facts.
 
 Kept apart from the runner so each stays small; imports none of the project's packages.
+``python bench/overhead_report.py RESULT.json`` prints a saved run's "peers side by side"
+table (the one in BENCHMARKS.md) and its throughput ratios.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import platform
 import subprocess
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+from peer_routers import PEER_ROUTERS
 
 SIZES = ("1k", "8k", "128k")
 BUDGET = {"throughput_ratio_vs_bare_proxy_redis": (">=", 0.70),
           "added_p50_ms_vs_bare_proxy_8k_redis": ("<=", 1.0),
           "added_p50_ms_vs_bare_proxy_128k_redis": ("<=", 3.0),
           "routing_decision_p50_ms_redis": ("<=", 0.3)}
+SGLANG_CACHE_AWARE = "sglang-cache"  # the peer the gateway's throughput is compared with (issue 14)
+GATEWAYS = ("redis", "memory")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -83,7 +92,8 @@ def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -
                      == (size, conc, target, stream)), {})
 
     out: dict[str, Any] = {}
-    for target in ("redis", "memory", "relay", *(t for t in final if "@" in t)):
+    peers = [t for t in PEER_ROUTERS if cell("8k", 32, t)]
+    for target in ("redis", "memory", "relay", *peers, *(t for t in final if "@" in t)):
         for suffix, stream in (("", False), ("_stream", True)):
             out[f"throughput_ratio_vs_bare_proxy_{target}{suffix}"] = cell("8k", 32, target, stream).get(
                 "throughput_ratio_vs_bare")
@@ -97,6 +107,13 @@ def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -
             out[f"index_errors_{target}"] = final[target].get("index_errors", {})
     for target in ("redis-w2", "bare-w2"):
         out[f"throughput_ratio_vs_one_worker_{target}"] = cell("8k", 32, target).get("throughput_ratio_vs_one_worker")
+    sglang = cell("8k", 32, SGLANG_CACHE_AWARE)
+    for target in GATEWAYS:  # issue 14: the gateway's req/s over sglang-router cache_aware's, same cell
+        if sglang and cell("8k", 32, target):
+            out[f"throughput_ratio_vs_sglang_router_{target}"] = cell("8k", 32, target)["rps"] / sglang["rps"]
+    for row in rows:  # each target's CPU per request at c = 32, 8k, not streamed
+        if (row["size"], row["concurrency"], row["stream"]) == ("8k", 32, False):
+            out[f"cpu_ms_per_request_{row['target']}"] = row["cpu_ms_per_request"]
     out = {k: v for k, v in out.items() if v is not None}
     verdict = {}
     for key, (op, limit) in BUDGET.items():
@@ -106,6 +123,59 @@ def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -
     out["budget"] = verdict
     out["budget_met"] = all(v["ok"] for v in verdict.values())
     return out
+
+
+def side_by_side(rows: list[dict]) -> list[dict]:
+    """One entry per target at 8k-token bodies, not streamed: req/s, its ratio to the bare
+    proxy's and CPU ms per request at c = 32, p50 added over the bare proxy at c = 1, errors
+    (both cells); targets in the order of the c = 32 cell."""
+    def cell(conc: int) -> dict[str, dict]:
+        return {r["target"]: r for r in rows if (r["size"], r["concurrency"], r["stream"]) == ("8k", conc, False)}
+
+    c32, c1 = cell(32), cell(1)
+    return [{"target": t, "rps": r["rps"], "throughput_ratio_vs_bare": r.get("throughput_ratio_vs_bare"),
+             "cpu_ms_per_request": r["cpu_ms_per_request"],
+             "added_p50_ms_vs_bare_c1": c1.get(t, {}).get("added_p50_ms_vs_bare"),
+             "errors": r["errors"] + c1.get(t, {}).get("errors", 0)} for t, r in c32.items()]
+
+
+def _label(target: str, peers: dict[str, dict]) -> str:
+    names = {"direct": "upstream stub, called directly", "bare": "bare aiohttp proxy",
+             "memory": "kappa-gateway, memory index", "redis": "kappa-gateway, Redis index",
+             "relay": "kappa-gateway, relay only: routing memoised"}
+    if target in peers:
+        return f"{peers[target]['package']} {peers[target]['version']}, {peers[target]['policy']}"
+    return names.get(target, target)
+
+
+def side_by_side_table(report: dict) -> str:
+    """The "peers side by side" Markdown table of a run (BENCHMARKS.md), from its report dict."""
+    lines = ["| target | req/s (c=32) | ÷ bare | CPU ms/req (c=32) | +p50 ms vs bare (c=1) | errors |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for e in side_by_side(report["rows"]):
+        lines.append(f"| {e['target']} ({_label(e['target'], report.get('peers', {}))}) | {_fmt(e['rps'])} | "
+                     f"{_fmt(e['throughput_ratio_vs_bare'])} | {_fmt(e['cpu_ms_per_request'])} | "
+                     f"{_fmt(e['added_p50_ms_vs_bare_c1'])} | {e['errors']} |")
+    ratios = {k: v for k, v in report.items() if k.startswith("throughput_ratio_vs_") and not k.endswith("_stream")
+              and "one_worker" not in k}
+    return "\n".join(lines + [""] + [f"- `{k}`: {_fmt(v)}" for k, v in ratios.items()])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Print a saved overhead run's peers side-by-side table.")
+    p.add_argument("result", type=Path, help="the JSON `bench/overhead.py --json` wrote")
+    report = json.loads(p.parse_args(argv).result.read_text(encoding="utf-8"))
+    print(f"`{report['command']}` at {report.get('commit', 'an unrecorded commit')}\n")
+    print(side_by_side_table(report))
+
+
+def source_commit(repo: Path = Path(__file__).resolve().parents[1]) -> str:
+    """The short commit of the tree the bench runs from, ``-dirty`` if tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False).stdout
+
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
 
 def machine() -> dict[str, Any]:
@@ -118,3 +188,7 @@ def machine() -> dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
             "python": platform.python_version(), "platform": platform.platform(),
             "loadavg_at_start": os.getloadavg(), "redis_server": redis_v.strip(), "packages": versions}
+
+
+if __name__ == "__main__":
+    main()

@@ -6,9 +6,11 @@ ASGI app on uvicorn (uvloop + httptools), without a framework, to keep its own c
 and equal for everyone. It imports none of the project's packages.
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: reads the whole body; a body
-  whose first bytes say ``"stream":true`` gets a short SSE stream (three content events,
-  a usage event, ``[DONE]``), any other body one JSON completion. ``usage.prompt_tokens``
-  is the body's length / 4 (the gateway calibrates bytes per token from it).
+  with ``"stream": true`` gets a short SSE stream (three content events, a usage event,
+  ``[DONE]``), any other body one JSON completion. ``usage.prompt_tokens`` is the body's
+  length / 4 (the gateway calibrates bytes per token from it). The bench's own bodies put
+  ``stream`` first, so their first bytes decide; a body that a router re-serialised
+  (sglang-router and vllm-router move ``stream`` after the messages) is searched whole.
 - ``GET /health``: 200. ``GET /metrics``: a minimal vLLM-style page (an idle engine).
 
     python bench/upstream_stub.py --listeners 8     # prints {"ports": [...]} once listening
@@ -25,7 +27,10 @@ import uvicorn
 
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE  # the bench's prompts are ~this many bytes per token
 
-STREAM_MARK = b'"stream":true'
+# A JSON string cannot hold these bytes (its quotes are escaped), so a match is the key itself;
+# compact (Rust serde_json, the bench) and Python json.dumps spacing.
+STREAM_TRUE = (b'"stream":true', b'"stream": true')
+STREAM_FALSE = (b'"stream":false', b'"stream": false')
 STREAM_MARK_WINDOW_BYTES = 64  # the load generator writes "stream" as the body's first key
 CONTENT_EVENTS = 3
 
@@ -41,6 +46,21 @@ METRICS_PAGE = (
 )
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+def wants_stream(body: bytes) -> bool:
+    """Whether a completions body asks for an SSE answer (``"stream": true`` at its top level).
+
+    The first ``STREAM_MARK_WINDOW_BYTES`` decide when they hold the key (the bench's bodies,
+    at no cost per body size); otherwise the whole body is searched, for bodies a router
+    re-serialised. A nested ``"stream"`` key would also match: the bench sends none.
+    """
+    head = body[:STREAM_MARK_WINDOW_BYTES]
+    if any(mark in head for mark in STREAM_TRUE):
+        return True
+    if any(mark in head for mark in STREAM_FALSE):
+        return False
+    return any(mark in body for mark in STREAM_TRUE)
 
 
 def _usage(body_bytes: int) -> dict:
@@ -78,7 +98,7 @@ async def app(scope, receive, send) -> None:
     if path in ("/v1/chat/completions", "/v1/completions") and scope["method"] == "POST":
         body = await _read_body(receive)
         usage = _usage(len(body))
-        if STREAM_MARK in body[:STREAM_MARK_WINDOW_BYTES]:
+        if wants_stream(body):
             await send({"type": "http.response.start", "status": 200, "headers": _SSE})
             for i in range(CONTENT_EVENTS):
                 finish = "length" if i == CONTENT_EVENTS - 1 else None

@@ -132,3 +132,64 @@ def test_bare_proxy_relays_the_stream_unchanged(bench, stub_and_proxy: tuple[int
             answers.append((resp.status, resp.headers["content-type"], resp.read()))
     assert answers[0] == answers[1]
     assert answers[0][2].endswith(b"data: [DONE]\n\n")
+
+
+def test_stub_streams_when_a_router_moved_stream_after_the_messages(bench, stub_and_proxy: tuple[int, int]) -> None:
+    """sglang-router and vllm-router re-serialise the body with ``stream`` after the messages;
+    the stub used to look at the first 64 bytes only and answered such a body with JSON."""
+    import urllib.request
+
+    doc = json.loads(bench[0].make_bodies("1k", stream=True)[0])
+    moved = {k: v for k, v in doc.items() if k != "stream"} | {"stream": True}
+    for body in (json.dumps(moved, separators=(",", ":")).encode(), json.dumps(moved).encode()):
+        assert b'"stream"' not in body[:64]
+        req = urllib.request.Request(f"http://127.0.0.1:{stub_and_proxy[0]}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=READY_TIMEOUT_S) as resp:
+            assert resp.headers["content-type"] == "text/event-stream"
+            assert resp.read().endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(("body", "stream"), [
+    (b'{"stream":true,"model":"m","messages":[]}', True),
+    (b'{"stream":false,"model":"m","messages":[{"role":"user","content":"say \\"stream\\":true"}]}', False),
+    (b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 100 + b'"}],"stream":true}', True),
+    (b'{"model": "m", "messages": [], "stream": true}', True),
+    (b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 100 + b'"}],"stream":false}', False),
+    (b'{"model":"m","messages":[{"role":"user","content":"\\"stream\\":true' + b"x" * 100 + b'"}]}', False),
+], ids=["first", "false-first", "moved", "spaced", "moved-false", "only-inside-a-string"])
+def test_stub_reads_stream_wherever_the_key_is(bench, body: bytes, stream: bool) -> None:
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        import upstream_stub
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    assert json.loads(body)  # each is valid JSON
+    assert upstream_stub.wants_stream(body) is stream
+
+
+def test_summary_compares_the_gateway_with_sglang_router_and_the_table_lists_every_target(bench) -> None:
+    _, report = bench
+
+    def row(target: str, rps: float, conc: int = 32, **kw) -> dict:
+        return {"size": "8k", "stream": False, "concurrency": conc, "target": target, "rps": rps, "p50_ms": 1000 / rps,
+                "p99_ms": 2000 / rps, "cpu_ms_per_request": 1000 / rps, "errors": 0, "decision_p50_ms": None, **kw}
+
+    rows = [row("direct", 8000), row("bare", 2000), row("redis", 1500), row("memory", 1600),
+            row("sglang-cache", 2100), row("vllm-router", 240)]
+    one = [row(r["target"], r["rps"] / 4, conc=1) for r in rows]
+    report.derive(rows)
+    report.derive(one)
+    out = report.summary(rows + one, final={})
+    assert out["throughput_ratio_vs_sglang_router_redis"] == pytest.approx(1500 / 2100)
+    assert out["throughput_ratio_vs_sglang_router_memory"] == pytest.approx(1600 / 2100)
+    assert out["throughput_ratio_vs_bare_proxy_redis"] == pytest.approx(0.75)
+    assert out["throughput_ratio_vs_bare_proxy_vllm-router"] == pytest.approx(0.12)
+    assert out["cpu_ms_per_request_sglang-cache"] == pytest.approx(1000 / 2100)
+    assert out["added_p50_ms_vs_bare_proxy_8k_sglang-cache"] == pytest.approx(1000 / 525 - 1000 / 500)
+    table = report.side_by_side_table({"rows": rows + one, **out, "peers": {
+        "sglang-cache": {"package": "sglang-router", "version": "0.3.2", "policy": "cache_aware"}}})
+    lines = table.splitlines()
+    assert [line.split(" ")[1] for line in lines[2:8]] == [r["target"] for r in rows]
+    assert lines[6] == "| sglang-cache (sglang-router 0.3.2, cache_aware) | 2100 | 1.05 | 0.476 | -0.095 | 0 |"
+    assert "- `throughput_ratio_vs_sglang_router_redis`: 0.714" in lines
