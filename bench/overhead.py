@@ -10,6 +10,9 @@ One run, all on 127.0.0.1, side by side, every server its own process:
 - ``redis``: the same with the Redis index (a ``redis-server`` started here);
 - ``redis@NAME``: with ``--compare NAME=DIR``, the Redis gateway run from another source
   tree, to measure a candidate change against ``redis`` side by side;
+- ``redis-pure``, ``memory-pure`` (only when named in ``--targets``): those gateways with
+  ``KAPPA_PURE_PYTHON=1``, the hot path run from its Python sources instead of its compiled
+  build (`hot_path`; issue 14), to measure what compiling bought side by side;
 - ``bare-w2``, ``redis-w2`` (only when named in ``--targets``): the bare proxy with 2 worker
   processes, and ``kappa-gateway serve --workers 2`` on the Redis index (issue 15);
 - ``relay`` (only when named in ``--targets``): `bench/relay_only.py`, the memory-index
@@ -77,6 +80,7 @@ from overhead_report import (
 from peer_routers import PEER_ROUTERS, READINESS_PATH, install_peers, is_ready, venvs_root
 from prometheus_client.parser import text_string_to_metric_families
 
+import hot_path
 from gateway.commands.processes import free_port, stop_processes
 
 from fleet_config.catalog import default_catalog
@@ -217,13 +221,17 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
         gateways = [("memory", None, None), ("redis", redis_url, None)]
         gateways += [("relay", None, None)] if "relay" in args.targets else []
         gateways += [("redis-w2", redis_url, None)] if "redis-w2" in args.targets else []
+        gateways += [("redis-pure", redis_url, None)] if "redis-pure" in args.targets else []
+        gateways += [("memory-pure", None, None)] if "memory-pure" in args.targets else []
         gateways += [(f"redis@{name}", redis_url, tree) for name, tree in args.compare]
         for name, url, tree in gateways:
             port = free_port()
             config = workdir / f"{name}.yaml"
             config.write_text(json.dumps(gateway_config(stub_ports, port, url, "bench-" + name.replace("@", "-"))))
             # `python -m` puts its working directory first on sys.path: the tree under test wins.
-            env = {"PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))}
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])),
+                   # -pure: the hot path from its Python sources (hot_path), the others as built
+                   hot_path.PURE_PYTHON_ENV: "1" if name.endswith("-pure") else ""}
             entry = [str(BENCH_DIR / "relay_only.py")] if name == "relay" else ["-m", "gateway"]
             workers = ["--workers", "2"] if name.endswith("-w2") else []
             gateway = procs.start(name, [py, *entry, "serve", "--config", str(config), "--log-level",

@@ -7,9 +7,11 @@ backends the others already loaded (measured in the simulator: ``bench/replicas.
 ``--replica-state local`` vs ``synced``). So, through the Redis the index already uses:
 
 - a replica writes its own per-backend totals to its hash ``P:{peers}:r:<replica id>`` with a
-  lease (``PEXPIRE``) whenever a ticket changes them (one write per event-loop turn, however
-  many changed: `changed`), and every ``sync_interval_s`` (default 50 ms) off the request path,
-  when it also renews its membership in ``P:{peers}:members`` and re-reads the member list;
+  lease (``PEXPIRE``) whenever a ticket changes them while it knows of another replica (one
+  write per event-loop turn, however many changed: `changed`), and every ``sync_interval_s``
+  (default 50 ms) off the request path, when it also renews its membership in
+  ``P:{peers}:members`` and re-reads the member list (a replica alone writes only then: a new
+  one reads figures at most that old, and is seen within that interval);
 - every routing decision reads the other members' hashes (`refresh`, one pipelined round trip
   that the dispatcher awaits together with the index match, so a decision costs no extra
   latency; concurrent decisions share one read) and sets each backend ledger's ``peer_*``
@@ -107,7 +109,11 @@ class PeerLoad:
 
     # -- on the request path ------------------------------------------------------------------
     def changed(self) -> None:
-        """A ticket changed this replica's figures: publish them at the end of this loop turn."""
+        """A ticket changed this replica's figures: publish them at the end of this loop turn —
+        if another replica is there to read them. Alone, the periodic `sync` keeps them fresh
+        (within ``sync_interval_s``) for one that joins, and no request pays for a write."""
+        if not self._others:
+            return
         if not self._publish_pending:
             self._publish_pending = True
             asyncio.get_running_loop().call_soon(self._publish_now)
