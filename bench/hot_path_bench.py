@@ -91,7 +91,8 @@ async def measure(size: str, requests: int) -> dict[str, Any]:
                 timings["plan"].append(t2 - t1)
                 timings["book"].append(t3 - t2)
     stages = {k: statistics.median(v) * 1e6 for k, v in timings.items()}
-    return {"size": size, "requests": requests, "hot_path": hot_path.describe(), "compiled_modules": hot_path.compiled_modules(),
+    return {"size": size, "requests": requests, "hot_path": hot_path.describe(),
+            "compiled_modules": hot_path.compiled_modules(),
             "us_per_request": {**{k: round(v, 1) for k, v in stages.items()},
                                "total": round(sum(stages.values()), 1)}}
 

@@ -121,7 +121,8 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         feed, sent_s = state.prefill_feed, gw.clock()
         sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
         ticket = gw.routing.charge(plan, candidate)
-        if gw.peers is not None:  # other replicas learn of the prefill in flight through the index (gateway.peers)
+        # Other replicas learn of the prefill in flight through the index (gateway.peers).
+        if gw.peers is not None and plan.request.hashes:
             gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes, holders="backend"))
         up_headers = headers.copy()
         up_headers["X-Request-Id"] = attempt_request_id(request_id)

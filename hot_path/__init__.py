@@ -73,7 +73,8 @@ def pure_python_requested(environ: dict[str, str] | os._Environ[str] = os.enviro
 
 
 def _extension_of(anchor: Path) -> Path | None:
-    """The compiled module built for ``anchor`` (``router/cost.py`` -> ``router/cost.cpython-311-x86_64-linux-gnu.so``), if any."""
+    """The compiled module built for ``anchor`` (``router/cost.py`` ->
+    ``router/cost.cpython-311-x86_64-linux-gnu.so``), if any."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         built = anchor.with_name(anchor.stem + suffix)
         if built.exists():

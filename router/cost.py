@@ -116,6 +116,12 @@ class BackendSpec:
         object.__setattr__(self, "idle_power_w", self.hardware.idle_power_w * self.tensor_parallel)
         object.__setattr__(self, "hbm_bandwidth_bytes_per_s", self.hardware.hbm_bandwidth_bytes_per_s * self.tensor_parallel)
 
+    def __reduce__(self) -> tuple[type[BackendSpec], tuple[object, ...]]:
+        """Pickled as its constructor's arguments (the derived fields are recomputed): a frozen
+        class compiled by mypyc (`hot_path`) cannot be unpickled field by field."""
+        return (BackendSpec, (self.model, self.hardware, self.power_cap_w, self.tensor_parallel, self.host_link_gb_s,
+                              self.overlap_host_load, self.kv_pool_link_gb_s))
+
     def power_w(self, utilisation: float) -> float:
         """Power draw at a utilisation in [0, 1]: idle + (P_max − idle) · u, W."""
         u = min(max(utilisation, 0.0), 1.0)

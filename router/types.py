@@ -33,6 +33,12 @@ class RequestFeatures:
     block_size_tokens: float
     sequences: int = 1
 
+    def __reduce__(self) -> tuple[type[RequestFeatures], tuple[object, ...]]:
+        """Pickled as its fields, in order (a frozen class compiled by mypyc cannot be unpickled
+        field by field: `hot_path`)."""
+        return (RequestFeatures, (self.model, self.prompt_tokens, self.max_tokens, self.prompt_blocks,
+                                  self.block_size_tokens, self.sequences))
+
 
 class BackendView(NamedTuple):
     """One candidate backend as the router sees it at decision time.
@@ -105,6 +111,10 @@ class Decision:
     policy: str
     ranked: tuple[Candidate, ...]
     reason: str
+
+    def __reduce__(self) -> tuple[type[Decision], tuple[object, ...]]:
+        """Pickled as its fields (see `RequestFeatures.__reduce__`)."""
+        return (Decision, (self.policy, self.ranked, self.reason))
 
     @property
     def chosen(self) -> Candidate:
