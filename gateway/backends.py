@@ -232,7 +232,6 @@ class BackendSet:
             await self._scrape_locked(state)
 
     async def _scrape_locked(self, state: BackendState) -> None:
-        mark = state.prefill_feed.mark()  # requests that end while the scrape is on its way: next interval
         try:
             async with self._session.get(f"{state.entry.url}/metrics",
                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
@@ -244,7 +243,7 @@ class BackendSet:
             return
         previous = state.metrics
         state.metrics = metrics
-        interval = state.prefill_feed.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s, mark)
+        interval = state.prefill_feed.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s)
         if interval is not None and state.kappa_fit.observe(interval):
             self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())
         if _restarted(previous, metrics):

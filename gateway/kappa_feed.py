@@ -13,8 +13,7 @@ gateway more than 10 ms late.
 
 - the backend's finished count grew by exactly the number of this gateway's requests that
   completed there since the interval began (its count minus ours is unchanged): no other
-  client's request, no restart. An interval ends on the gateway's side when its scrape is sent
-  (`PrefillFeed.mark`); a request whose end is on its way at a scrape (counted by the engine,
+  client's request, no restart. A request whose end is on its way at a scrape (counted by the engine,
   not yet by the gateway, or the other way round) keeps the interval open until the counts
   agree again, at most `MAX_MERGED_SCRAPES` scrapes, and the merged interval is one sample
   (before, it spoiled two);
@@ -108,20 +107,6 @@ def single_step_tokens(spec: BackendSpec) -> int:
     return SINGLE_STEP_TOKENS_ESTIMATE["large" if large else "other"]
 
 
-@dataclass(frozen=True, slots=True)
-class ScrapeMark:
-    """Where a scrape's interval ends on the gateway's side: taken when the scrape is sent
-    (`PrefillFeed.mark`), so that requests ending while it is on its way fall in the next one.
-
-    Attributes:
-        ended: entries of `PrefillFeed.pending` then.
-        completed: `PrefillFeed.completed` then.
-    """
-
-    ended: int
-    completed: int
-
-
 @dataclass
 class PrefillFeed:
     """One backend's requests between two scrapes, for its κ_crit fit (module docstring).
@@ -169,18 +154,13 @@ class PrefillFeed:
         self.completed += 1
         return prediction is None or prediction.t_load_s > max(prediction.t_compute_s, prediction.t_hbm_s)
 
-    def mark(self) -> ScrapeMark:
-        """Where the interval a scrape sent now closes ends (`scraped`)."""
-        return ScrapeMark(len(self.pending), self.completed)
-
-    def scraped(self, count: float | None, sum_s: float, mark: ScrapeMark | None = None) -> PrefillInterval | None:
+    def scraped(self, count: float | None, sum_s: float) -> PrefillInterval | None:
         """Close the interval at a scrape of the histogram's ``_count`` and ``_sum``; its sample or None.
 
         Args:
             count, sum_s: the scraped ``vllm:request_prefill_time_seconds`` ``_count`` and ``_sum``
-                (count None: the backend does not export it).
-            mark: `mark` taken when the scrape was sent (None: now). The requests that ended
-                since then stay for the next interval.
+                (count None: the backend does not export it), applied when the scrape's answer
+                is read: the interval holds the requests that completed here until then.
 
         When the backend's count minus ours moved (a request's end was on its way to the gateway
         at the scrape, or reached it first), the interval stays open: its requests and the sum
@@ -189,14 +169,12 @@ class PrefillFeed:
         still disagrees then (another client's requests there) is dropped and the count starts
         afresh.
         """
-        mark = mark or self.mark()
-        pending = self._carried + self.pending[:mark.ended]
-        del self.pending[:mark.ended]
-        self._carried = []
+        pending = self._carried + self.pending
+        self.pending, self._carried = [], []
         if count is None:
             self._last, self._merged = None, 0
             return None
-        last, diff = self._last, count - mark.completed
+        last, diff = self._last, count - self.completed
         if last is None or count < last[0]:  # the first scrape, or a restart
             self._last, self._merged = (count, sum_s, diff), 0
             return None

@@ -141,21 +141,6 @@ def test_sequence_numbers_tell_overtaking() -> None:
     assert feed.pending == [None]  # the interval it ends in cannot be attributed
 
 
-def test_a_request_ending_while_the_scrape_is_on_its_way_falls_in_the_next_interval() -> None:
-    """The interval ends where the scrape was sent (`PrefillFeed.mark`): a request that ends at
-    the gateway before the answer is read, but after its engine rendered the page, is not in it."""
-    feed = PrefillFeed()
-    feed.scraped(0, 0.0)
-    feed.completed_request(R)
-    mark = feed.mark()
-    late = PrefillPrediction(0.0, 0.3, 0.01)
-    feed.completed_request(late)  # while the scrape was on its way
-    interval = feed.scraped(1, 0.1, mark)
-    assert interval is not None and interval.prefill_s == pytest.approx(0.1) and interval.requests == (R,)
-    interval = feed.scraped(2, 0.4)
-    assert interval is not None and interval.prefill_s == pytest.approx(0.3) and interval.requests == (late,)
-
-
 def test_a_request_that_ends_otherwise_spoils_only_its_own_interval() -> None:
     feed = PrefillFeed()
     feed.scraped(0, 0.0)
