@@ -100,6 +100,7 @@ class BackendSet:
         self._scrape_interval_s = scrape_interval_s
         self._tasks: list[asyncio.Task[None]] = []
         self._extra_scrapes: set[asyncio.Task[None]] = set()
+        self._scrape_due: set[str] = set()  # backends with an extra scrape waiting (one each at most)
         for s in states:
             telemetry.init_backend(s.id, s.spec.kappa_crit_linear, in_flight=lambda s=s: s.ledger.in_flight,
                                    kv_demand_bytes=lambda s=s: s.ledger.kv_demand_bytes)
@@ -149,17 +150,33 @@ class BackendSet:
         self._extra_scrapes.clear()
 
     def scrape_soon(self, state: BackendState) -> None:
-        """Scrape ``state`` now, off the regular period (at most every EXTRA_SCRAPE_MIN_GAP_S): the
-        κ_crit fit asks for it when a request ends that its interval could not attribute, or a
-        load-bound one, so that the requests finishing after it fall in a fresh interval
-        (`gateway.kappa_feed`). Does nothing before `start` or after `stop`."""
-        now_s = asyncio.get_running_loop().time()
-        if not self._tasks or now_s - state.last_scrape_s < EXTRA_SCRAPE_MIN_GAP_S:
+        """Scrape ``state`` off the regular period, as soon as EXTRA_SCRAPE_MIN_GAP_S has passed since
+        its last scrape began: the κ_crit fit asks for it when a request ends that its interval
+        could not attribute, or a load-bound one, so that the requests finishing after it fall in
+        a fresh interval (`gateway.kappa_feed`). A request inside the gap is deferred to its end,
+        not dropped (dropped, it left a load-bound request's interval open until the next regular
+        scrape, for others to spoil); one scrape is due per backend at a time, and it is skipped
+        when another scrape of the backend began after it was asked for. Does nothing before
+        `start` or after `stop`."""
+        if not self._tasks or state.id in self._scrape_due:
             return
-        state.last_scrape_s = now_s  # claimed now: a second request cannot start another
-        task = asyncio.create_task(self._scrape(state), name=f"scrape-{state.id}")
+        self._scrape_due.add(state.id)
+        asked_s = asyncio.get_running_loop().time()
+        task = asyncio.create_task(self._scrape_after(state, asked_s, state.last_scrape_s + EXTRA_SCRAPE_MIN_GAP_S),
+                                   name=f"scrape-{state.id}")
         self._extra_scrapes.add(task)
         task.add_done_callback(self._extra_scrapes.discard)
+
+    async def _scrape_after(self, state: BackendState, asked_s: float, not_before_s: float) -> None:
+        """One extra scrape (`scrape_soon`), at ``not_before_s`` (loop time) at the earliest."""
+        try:
+            delay_s = not_before_s - asyncio.get_running_loop().time()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)  # the rate limit's timer
+        finally:
+            self._scrape_due.discard(state.id)  # from here on a request's end asks for a scrape of its own
+        if state.last_scrape_s < asked_s:  # none began since it was asked for
+            await self._scrape(state)
 
     async def _loop(self, probe: Callable[[BackendState], Awaitable[None]], interval_s: float) -> None:
         while True:

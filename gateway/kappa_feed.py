@@ -12,8 +12,11 @@ gateway more than 10 ms late.
 **An interval counts** (becomes a `router.kappa_fit.PrefillInterval`) when:
 
 - the backend's finished count grew by exactly the number of this gateway's requests that
-  completed there since the last scrape (its count minus ours is unchanged): no other client's
-  request, no request whose end reached the gateway after the scrape, no restart;
+  completed there since the interval began (its count minus ours is unchanged): no other
+  client's request, no restart. A request whose end is on its way at a scrape (counted by the engine,
+  not yet by the gateway, or the other way round) keeps the interval open until the counts
+  agree again, at most `MAX_MERGED_SCRAPES` scrapes, and the merged interval is one sample
+  (before, it spoiled two);
 - no request of this gateway's there ended otherwise in between (client gone, upstream failure);
 - each of those requests can be predicted: it completed with ``usage`` (a stream: with
   ``stream_options.include_usage``) whose ``cached_tokens``
@@ -35,9 +38,9 @@ gateway more than 10 ms late.
 Streamed or not makes no difference: the engine times the prefill either way. A backend
 that does not export the histogram gets no measured κ_crit. When a request that spoils its
 interval ends, and when a load-bound one (the scarce kind) ends, the backend is scraped at
-once (`gateway.backends.BackendSet.scrape_soon`, at most 5 times a second): fewer requests
-share an interval with either. On the demo's traffic that is about one extra scrape per
-backend every 3 s (BENCHMARKS.md).
+once, or when 0.2 s have passed since its last scrape began
+(`gateway.backends.BackendSet.scrape_soon`): fewer requests share an interval with either. On
+the demo's traffic that is about one extra scrape per backend every 3 s (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ LARGE_GPU_HBM_GIB = 70
 # A request with nothing queued is scheduled at the next step boundary: one decode step, ~10 ms
 # on the catalog's GPUs (the weights read from HBM); five of those, in the gateway's wall seconds.
 QUEUE_SETTLE_S = 0.05
+# Scrapes an interval stays open for while the backend's count and ours disagree: one for a
+# request's end on its way to the gateway at a scrape, a few for those of a burst.
+MAX_MERGED_SCRAPES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +109,17 @@ def single_step_tokens(spec: BackendSpec) -> int:
 
 @dataclass
 class PrefillFeed:
-    """One backend's requests between two scrapes, for its κ_crit fit (module docstring)."""
+    """One backend's requests between two scrapes, for its κ_crit fit (module docstring).
+
+    ``pending`` holds, in order, a prediction for each request that completed there since the
+    interval began, and None for each that the fit cannot predict or that ended otherwise.
+    """
 
     pending: list[PrefillPrediction | None] = field(default_factory=list)
-    ended_otherwise: bool = False
     completed: int = 0  # this gateway's requests completed there, cumulative
-    _last: tuple[float, float, float] | None = None  # (count, sum s, count − completed) at the last scrape
+    _last: tuple[float, float, float] | None = None  # (count, sum s, count − completed) where the interval began
+    _carried: list[PrefillPrediction | None] = field(default_factory=list)  # an open interval's requests (`scraped`)
+    _merged: int = 0  # scrapes the open interval has spanned
     _sent: int = 0  # attempts sent there, cumulative (a sequence number)
     _awaiting: dict[int, tuple[float, int]] = field(default_factory=dict)  # before their first byte
 
@@ -127,7 +138,12 @@ class PrefillFeed:
     def failed(self, sequence: int) -> None:
         """It ended before its first byte (the engine aborts it, or never saw it)."""
         self._awaiting.pop(sequence, None)
-        self.ended_otherwise = True
+        self.ended_otherwise()
+
+    def ended_otherwise(self) -> None:
+        """A request there ended without completing (client gone, upstream failure): the engine
+        may have shared steps with it, so the interval it ends in cannot be attributed."""
+        self.pending.append(None)
 
     def completed_request(self, prediction: PrefillPrediction | None) -> bool:
         """A request completed there (``None``: one the fit cannot predict). Returns whether an
@@ -139,19 +155,36 @@ class PrefillFeed:
         return prediction is None or prediction.t_load_s > max(prediction.t_compute_s, prediction.t_hbm_s)
 
     def scraped(self, count: float | None, sum_s: float) -> PrefillInterval | None:
-        """Close the interval at a scrape of the histogram's ``_count`` and ``_sum``; its sample or None."""
-        pending, ended_otherwise = self.pending, self.ended_otherwise
-        self.pending, self.ended_otherwise = [], False
+        """Close the interval at a scrape of the histogram's ``_count`` and ``_sum``; its sample or None.
+
+        Args:
+            count, sum_s: the scraped ``vllm:request_prefill_time_seconds`` ``_count`` and ``_sum``
+                (count None: the backend does not export it), applied when the scrape's answer
+                is read: the interval holds the requests that completed here until then.
+
+        When the backend's count minus ours moved (a request's end was on its way to the gateway
+        at the scrape, or reached it first), the interval stays open: its requests and the sum
+        it started from carry over to the next scrape, for up to `MAX_MERGED_SCRAPES` scrapes,
+        until the counts agree again (a merged interval is a sum like any other). One that
+        still disagrees then (another client's requests there) is dropped and the count starts
+        afresh.
+        """
+        pending = self._carried + self.pending
+        self.pending, self._carried = [], []
         if count is None:
-            self._last = None
+            self._last, self._merged = None, 0
             return None
-        last, self._last = self._last, (count, sum_s, count - self.completed)
-        if last is None or count < last[0] or count - self.completed != last[2] or ended_otherwise or not pending:
+        last, diff = self._last, count - self.completed
+        if last is None or count < last[0]:  # the first scrape, or a restart
+            self._last, self._merged = (count, sum_s, diff), 0
             return None
-        predictions = [p for p in pending if p is not None]
-        if len(predictions) < len(pending):
+        if diff != last[2] and self._merged < MAX_MERGED_SCRAPES:
+            self._carried, self._merged = pending, self._merged + 1
             return None
-        return PrefillInterval(sum_s - last[1], tuple(predictions))
+        self._last, self._merged = (count, sum_s, diff), 0
+        if diff != last[2] or not pending or None in pending:
+            return None
+        return PrefillInterval(sum_s - last[1], tuple(p for p in pending if p is not None))
 
 
 def prediction(state: BackendState, candidate: Candidate, timing: DispatchTiming,

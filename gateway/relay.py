@@ -195,7 +195,7 @@ class Relay:
         if outcome == "ok":
             _observe(gw, self.plan, sent, self.observer)
         else:
-            sent.state.prefill_feed.ended_otherwise = True
+            sent.state.prefill_feed.ended_otherwise()
             gw.backends.scrape_soon(sent.state)
         self._log(outcome)
 

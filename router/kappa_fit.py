@@ -42,11 +42,15 @@ and the host-link κ_crit follows from the profile's ratio of the two;
 
 **Estimation.** Each request is put in the class whose term is largest at the current rates;
 an interval's y is then linear in (u, v, w) — Σ over its requests of their class's predicted
-seconds — so a least-squares fit through the origin over the intervals gives the rates, with
-Tukey-biweight reweighting (IRLS, c = 4.685 MADs) against intervals slowed by a batch the
-gateway could not see; classes are redrawn with the new rates until they no longer change
-(≤ FIT_ROUNDS). Started from the profile's rates and from load rates up to 8× off
-(`START_LOAD_RATES`), the fit with the smallest robust residual scale is kept.
+seconds — so a least-squares fit through the origin over the intervals gives the rates
+(`router.least_squares`: Huber, then Tukey-biweight reweighting, against intervals slowed by a
+batch the gateway could not see); classes are redrawn with the new rates until they no longer
+change (≤ FIT_ROUNDS). Residuals are relative — each interval is divided by its prediction at
+the current rates — since an interval's noise grows with its length (every step of a long
+prefill also carries the running requests' decodes), and none counts as an outlier for being
+within `RELATIVE_NOISE_FLOOR` (the biweight then drops intervals more than ~4.7% off). Started
+from the profile's rates and from load rates up to 8× off (`START_LOAD_RATES`), the fit with
+the smallest robust residual scale is kept.
 
 **Confidence.** The 95% interval of κ from the weighted least-squares covariance of (u, v)
 by the delta method on log κ (an asymptotic interval: with few load-bound requests it is
@@ -70,9 +74,13 @@ FIT_ROUNDS = 6
 # Starting load rates v (u = w = 1): the profile's, and up to 8× off either way; the start whose
 # fit leaves the smallest robust residual scale wins (a profile far off classifies badly at first).
 # The others are tried only when the profile's start gives a fit, and no better than
-# GOOD_FIT_SCALE_RATIO of the median interval.
+# GOOD_FIT_SCALE_RATIO.
 START_LOAD_RATES = (1.0, 0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
-GOOD_FIT_SCALE_RATIO = 0.05
+GOOD_FIT_SCALE_RATIO = 0.05  # robust scale of the relative residuals
+# Relative residuals below this are the data's resolution, never outliers (the biweight's limit is
+# then 4.685 × 1%): on the mocks decodes sharing a prefill's steps add 0.1–1%; on a GPU, timing
+# jitter adds more and the residuals' own scale takes over.
+RELATIVE_NOISE_FLOOR = 0.01
 Z_95 = 1.959964
 COMPUTE, LOAD, HBM = 0, 1, 2
 
@@ -196,12 +204,11 @@ class KappaCritFit:
         intervals = list(self._intervals)
         if not intervals:
             return None
-        good_scale = GOOD_FIT_SCALE_RATIO * sorted(iv.prefill_s for iv in intervals)[len(intervals) // 2]
         best = self._fit_from(intervals, [1.0, START_LOAD_RATES[0], 1.0])
         if best is None:  # too few requests of a class as profiled: other starts would only invent some
             return None
         for load_rate in START_LOAD_RATES[1:]:
-            if best[0] <= good_scale:
+            if best[0] <= GOOD_FIT_SCALE_RATIO:
                 break
             fitted = self._fit_from(intervals, [1.0, load_rate, 1.0])
             if fitted is not None and fitted[0] < best[0]:
@@ -226,7 +233,11 @@ class KappaCritFit:
             used = [k for k in (COMPUTE, LOAD, HBM) if any(row[k] for row in rows)]
             if COMPUTE not in used or LOAD not in used:
                 return None
-            fit = robust_least_squares([[row[k] for k in used] for row in rows], [iv.prefill_s for iv in intervals])
+            # relative residuals: an interval's noise grows with its length (decodes share its steps)
+            predicted = [sum(rate * x for rate, x in zip(rates, row, strict=True)) for row in rows]
+            fit = robust_least_squares([[row[k] / pred for k in used] for row, pred in zip(rows, predicted, strict=True)],
+                                       [iv.prefill_s / pred for iv, pred in zip(intervals, predicted, strict=True)],
+                                       min_scale=RELATIVE_NOISE_FLOOR)
             if fit is None:
                 return None
             for k, rate in zip(used, fit.beta, strict=True):

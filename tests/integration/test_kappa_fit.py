@@ -69,7 +69,8 @@ def test_measured_kappa_crit_matches_the_engines_physics() -> None:
             return backend if backend["kappa_crit_linear_measured"] is not None else None
 
         # The last intervals close at the next scrapes. A scrape that falls between a request's
-        # end at the engine and its end at the gateway spoils that interval and the next, so
+        # end at the engine and its end at the gateway merges that interval with the next; a
+        # follow-up that shares engine steps with another request's prefill is not fitted, so
         # not every follow-up makes it into the fit: at least MIN_LOAD_REQUESTS of the 8 do.
         backend = poll(measured, "a measured κ_crit")
         gauges = {(s.split("{")[0], s.rsplit(" ", 1)[1]) for s in gw.http.get("/metrics").text.splitlines()

@@ -6,6 +6,7 @@ import pytest
 
 from fleet_config import default_catalog
 from gateway.kappa_feed import (
+    MAX_MERGED_SCRAPES,
     QUEUE_SETTLE_S,
     DispatchTiming,
     PrefillFeed,
@@ -58,19 +59,14 @@ def test_an_interval_counts_when_the_backends_count_grew_by_ours() -> None:
     assert feed.scraped(12, 5.5) is None  # nothing finished
 
 
-@pytest.mark.parametrize("case", ["foreign-request", "late-end", "ended-otherwise", "unpredictable", "restart",
-                                  "not-exported"])
+@pytest.mark.parametrize("case", ["ended-otherwise", "unpredictable", "restart", "not-exported"])
 def test_an_interval_is_dropped_when_it_cannot_be_attributed(case: str) -> None:
     feed = PrefillFeed()
     feed.scraped(10, 5.0)
     feed.completed_request(R)
     count, total = 11, 5.2
-    if case == "foreign-request":
-        count += 1  # one more finished there than this gateway saw
-    elif case == "late-end":
-        count -= 1  # ours ended at the gateway before its engine's count moved: next interval then
-    elif case == "ended-otherwise":
-        feed.ended_otherwise = True
+    if case == "ended-otherwise":
+        feed.ended_otherwise()
     elif case == "unpredictable":
         feed.completed_request(None)
         count += 1
@@ -79,17 +75,56 @@ def test_an_interval_is_dropped_when_it_cannot_be_attributed(case: str) -> None:
     assert feed.scraped(None if case == "not-exported" else count, total) is None
 
 
-def test_a_late_end_spoils_two_intervals_and_no_more() -> None:
-    """A request whose end reached the gateway after the scrape that counted it: both that
-    interval and the next are dropped (the count minus ours moved, then moved back)."""
+def test_a_late_end_merges_two_intervals_into_one() -> None:
+    """A request whose end reached the gateway after the scrape that counted it: that interval
+    stays open until the next scrape, where the counts agree again and both requests' prefills
+    are one sample (before, both intervals were dropped)."""
     feed = PrefillFeed()
     feed.scraped(0, 0.0)
-    assert feed.scraped(1, 0.3) is None  # the engine counted it; the gateway not yet
     feed.completed_request(R)
-    assert feed.scraped(1, 0.3) is None  # the gateway counted it; the engine counted it before
+    assert feed.scraped(2, 0.7) is None  # the engine counted two; the gateway one so far
     feed.completed_request(R)
     interval = feed.scraped(2, 0.7)
-    assert interval is not None and interval.prefill_s == pytest.approx(0.4)
+    assert interval is not None and interval.prefill_s == pytest.approx(0.7) and interval.requests == (R, R)
+    feed.completed_request(R)
+    interval = feed.scraped(3, 1.0)  # and the count goes on from there
+    assert interval is not None and interval.prefill_s == pytest.approx(0.3) and interval.requests == (R,)
+
+
+def test_an_end_counted_at_the_gateway_first_merges_too() -> None:
+    feed = PrefillFeed()
+    feed.scraped(0, 0.0)
+    feed.completed_request(R)
+    assert feed.scraped(0, 0.0) is None  # ours ended before its engine's count moved
+    interval = feed.scraped(1, 0.2)
+    assert interval is not None and interval.prefill_s == pytest.approx(0.2) and interval.requests == (R,)
+
+
+def test_a_merged_interval_with_an_unpredictable_request_is_dropped_whole() -> None:
+    feed = PrefillFeed()
+    feed.scraped(0, 0.0)
+    feed.completed_request(None)
+    assert feed.scraped(2, 0.9) is None
+    feed.completed_request(R)
+    assert feed.scraped(2, 0.9) is None  # the counts agree, but one of its two cannot be predicted
+    feed.completed_request(R)
+    interval = feed.scraped(3, 1.2)
+    assert interval is not None and interval.prefill_s == pytest.approx(0.3)
+
+
+def test_counts_that_stay_apart_drop_the_interval_and_start_afresh() -> None:
+    """Another client's request there: the counts never agree again. After MAX_MERGED_SCRAPES
+    open scrapes the interval is dropped, and the next one is counted from the new difference."""
+    feed = PrefillFeed()
+    feed.scraped(0, 0.0)
+    count, total = 0, 0.0
+    for _ in range(MAX_MERGED_SCRAPES + 1):
+        feed.completed_request(R)
+        count, total = count + 2, total + 0.5  # ours and a foreign one each time
+        assert feed.scraped(count, total) is None
+    feed.completed_request(R)
+    interval = feed.scraped(count + 1, total + 0.2)
+    assert interval is not None and interval.prefill_s == pytest.approx(0.2) and interval.requests == (R,)
 
 
 def test_sequence_numbers_tell_overtaking() -> None:
@@ -103,4 +138,15 @@ def test_sequence_numbers_tell_overtaking() -> None:
     third, ahead = feed.sent(1.5, 300)
     assert ahead == ()
     feed.failed(third)
-    assert feed.ended_otherwise
+    assert feed.pending == [None]  # the interval it ends in cannot be attributed
+
+
+def test_a_request_that_ends_otherwise_spoils_only_its_own_interval() -> None:
+    feed = PrefillFeed()
+    feed.scraped(0, 0.0)
+    feed.completed_request(R)
+    feed.ended_otherwise()
+    assert feed.scraped(1, 0.1) is None
+    feed.completed_request(R)
+    interval = feed.scraped(2, 0.2)
+    assert interval is not None and interval.requests == (R,)
