@@ -9,7 +9,8 @@ other, as the proxy does per request:
 - ``plan``: capacities, index match over the 8 backends, in-flight overlay, candidates and
   the cost model for each backend, the policy's ranking;
 - ``book``: charge the chosen backend's ledger, record the chain in the index, finish the
-  ticket.
+  ticket of the request routed ``--in-flight`` requests earlier (default 31: the gateway at
+  concurrency 32 has that many in flight, in its ledgers and in-flight overlay).
 
 Prints, per stage, the median µs per request and which modules ran compiled (mypyc,
 `setup.py`, `hot_path`) — run it once with ``KAPPA_PURE_PYTHON=1`` and once without to compare
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ def settings_doc(n_backends: int = 8) -> dict[str, Any]:
                           "hardware": HARDWARE} for i in range(n_backends)]}
 
 
-async def measure(size: str, requests: int) -> dict[str, Any]:
+async def measure(size: str, requests: int, in_flight: int = 0) -> dict[str, Any]:
     import aiohttp
     from prometheus_client import CollectorRegistry
 
@@ -53,6 +55,7 @@ async def measure(size: str, requests: int) -> dict[str, Any]:
     from gateway.routing import RoutingService
     from gateway.telemetry import Telemetry
     from overhead import make_bodies
+    from dispatch import Ticket
     from prefix_index import MemoryPrefixIndex
     import hot_path
     from router.calibration import BytesPerToken
@@ -75,6 +78,7 @@ async def measure(size: str, requests: int) -> dict[str, Any]:
         routing = RoutingService(settings, backends, MemoryPrefixIndex(), build_policy("kappa", {}), telemetry,
                                  BytesPerToken(default=settings.index.bytes_per_token), random.Random(0))
         by_id = {s.id: s for s in states}
+        open_tickets: deque[Ticket] = deque()
         for i in range(requests + len(bodies)):  # the first pass over the bodies warms the index
             t0 = clock()
             parsed = routing.parse("chat", bodies[i % len(bodies)])
@@ -84,14 +88,16 @@ async def measure(size: str, requests: int) -> dict[str, Any]:
             chosen = plan.decision.chosen
             ticket = routing.charge(plan, chosen)
             await routing.record(parsed.model, by_id[chosen.backend_id], list(parsed.hashes))
-            ticket.finish()
+            open_tickets.append(ticket)
+            while len(open_tickets) > in_flight:  # the gateway at concurrency in_flight + 1
+                open_tickets.popleft().finish()
             t3 = clock()
             if i >= len(bodies):
                 timings["parse"].append(t1 - t0)
                 timings["plan"].append(t2 - t1)
                 timings["book"].append(t3 - t2)
     stages = {k: statistics.median(v) * 1e6 for k, v in timings.items()}
-    return {"size": size, "requests": requests, "hot_path": hot_path.describe(),
+    return {"size": size, "requests": requests, "in_flight": in_flight, "hot_path": hot_path.describe(),
             "compiled_modules": hot_path.compiled_modules(),
             "us_per_request": {**{k: round(v, 1) for k, v in stages.items()},
                                "total": round(sum(stages.values()), 1)}}
@@ -101,11 +107,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="8k", choices=["1k", "8k", "128k"])
     p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--in-flight", type=int, default=31,
+                   help="requests kept in flight (their tickets open) while the next is routed, as at concurrency N+1")
     p.add_argument("--both", action="store_true", help="run pure Python and compiled, side by side")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not args.both:
-        result = asyncio.run(measure(args.size, args.requests))
+        result = asyncio.run(measure(args.size, args.requests, args.in_flight))
         print(json.dumps(result) if args.json else result)
         return
     runs: dict[str, list[dict[str, Any]]] = {"pure": [], "compiled": []}
@@ -113,9 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         for name in runs:
             env = {**os.environ, "KAPPA_PURE_PYTHON": "1" if name == "pure" else ""}
             out = subprocess.run([sys.executable, __file__, "--size", args.size, "--requests", str(args.requests),
-                                  "--json"], env=env, capture_output=True, text=True, check=True)
+                                  "--in-flight", str(args.in_flight), "--json"], env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(out.stdout))
-    summary: dict[str, Any] = {"size": args.size, "requests": args.requests, "rounds": 3}
+    summary: dict[str, Any] = {"size": args.size, "requests": args.requests, "in_flight": args.in_flight, "rounds": 3}
     for name, results in runs.items():
         summary[name] = {"compiled_modules": results[0]["compiled_modules"],
                          "us_per_request": {k: statistics.median(r["us_per_request"][k] for r in results)
