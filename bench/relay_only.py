@@ -27,10 +27,11 @@ _parsed: dict[bytes, Any] = {}
 _plans: dict[int, Any] = {}
 
 
-def _memo_parse(self: routing.RoutingService, kind: routing.Kind, raw: bytes) -> routing.ParsedRequest:
-    parsed = _parsed.get(raw)
+def _memo_parse(self: routing.RoutingService, kind: routing.Kind, raw: bytes | bytearray) -> routing.ParsedRequest:
+    key = bytes(raw)  # the gateway reads a body into one bytearray (gateway.body): not hashable
+    parsed = _parsed.get(key)
     if parsed is None:
-        parsed = _parsed[raw] = _parse(self, kind, raw)
+        parsed = _parsed[key] = _parse(self, kind, raw)
     return parsed
 
 
@@ -41,7 +42,7 @@ async def _memo_plan(self: routing.RoutingService, parsed: routing.ParsedRequest
     return plan
 
 
-async def _no_record(self: routing.RoutingService, *args: object) -> None:
+async def _no_record(self: routing.RoutingService, *args: object, **kwargs: object) -> None:
     return None
 
 
