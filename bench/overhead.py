@@ -374,7 +374,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.monotonic()
-    report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "commit": source_commit(), "machine": machine()}
+    report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "commit": source_commit(), "machine": machine(),
+                              # the build the gateways of this tree run (the -pure targets: their sources)
+                              "hot_path": hot_path.describe()}
     print(f"$ {report['command']}  # at {report['commit']}\n{json.dumps(report['machine'])}", file=sys.stderr)
     args.peer_pythons, args.peers_skipped = install_peers(args.targets, venvs_root())
     args.targets = [t for t in args.targets if t not in args.peers_skipped]

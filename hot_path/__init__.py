@@ -1,7 +1,7 @@
 """The per-request hot path's compiled build: which modules, and when they are used (issue 14).
 
 Two kinds of compiled code, chosen by measurement (`bench/hot_path_bench.py`, BENCHMARKS.md
-"The hot path: what compiled code bought"):
+"The hot path (issue 14)"):
 
 - ``MYPYC_MODULES``: the κ cost model, candidates, policies, the in-memory index and the
   ledger, compiled by mypyc from the very Python files that define them (one definition of
@@ -130,7 +130,9 @@ def select() -> str:
     if pure_python_requested():
         _decision = f"pure Python ({PURE_PYTHON_ENV} is set)"
     else:
-        stale = stale_modules()
+        # In a source checkout (setup.py beside the packages) an edit may postdate the build; an
+        # installed wheel's files are all written after its compiled modules, and are not edited.
+        stale = stale_modules() if (ROOT / "setup.py").exists() else []
         if stale:
             _decision = f"pure Python (compiled modules older than their source: {', '.join(stale[:3])}"
             _decision += ", ..." if len(stale) > 3 else ""
@@ -148,20 +150,32 @@ def select() -> str:
 
 
 def compiled_modules() -> list[str]:
-    """The project's modules loaded from compiled extensions in this process, sorted (empty:
-    everything runs from source, because nothing was built or `select` chose the sources)."""
+    """The project's modules loaded from compiled extensions in this process so far, sorted
+    (empty: everything runs from source, because nothing was built or `select` chose the sources)."""
     return sorted(name for name, module in list(sys.modules.items())
                   if name.split(".")[0] in ("router", "dispatch", "prefix_index")
                   and isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader))
 
 
+def built(root: Path | None = None) -> tuple[int, bool]:
+    """What the build left under ``root`` (default: this tree): how many of ``MYPYC_MODULES``
+    have a compiled module, and whether every C extension has one."""
+    root = ROOT if root is None else root
+    mypyc = sum(_extension_of(root / m) is not None for m in MYPYC_MODULES)
+    c = all(_extension_of(root / (name.replace(".", "/") + ".py")) is not None for name in C_EXTENSIONS)
+    return mypyc, c
+
+
 def describe() -> str:
-    """One line for logs and benchmarks: what runs compiled, or why nothing does."""
+    """One line for logs and benchmarks: what runs compiled, counted from the build (not from
+    what this process imported so far), or why nothing does; a partial build says so."""
     decision = select()
     if decision != "compiled":
         return decision
-    modules = compiled_modules()
-    if not modules:
-        return "pure Python (no compiled modules built: see setup.py)"
-    chain = "prefix_index._chain" in modules
-    return f"compiled ({len(modules) - chain} mypyc modules{', C block hashing' if chain else ''})"
+    mypyc, c = built()
+    if not mypyc and not c:
+        return "pure Python (nothing compiled was built: pip install -v -e . shows why)"
+    what = f"{mypyc}/{len(MYPYC_MODULES)} mypyc modules, C block hashing {'built' if c else 'not built'}"
+    if mypyc == len(MYPYC_MODULES) and c:
+        return f"compiled ({what})"
+    return f"partly compiled ({what}: pip install -v -e . shows why)"

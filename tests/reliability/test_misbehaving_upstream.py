@@ -96,7 +96,9 @@ def test_silences_last_until_the_client_leaves_and_the_close_is_recorded(body: d
                 pass
         left = time.monotonic()  # httpx has dropped the connection by now
         closed = poll(lambda: up.posts[0].closed_s, "the close to be recorded", timeout_s=2)
-        assert up.posts[0].received_s + 0.29 <= closed <= left + 0.1
+        # The silence lasted until the client's 0.3 s read timeout (not closed early by the upstream); the server
+        # stamps its receipt a little after the client's timer starts, so the floor allows for that (0.27 s seen).
+        assert up.posts[0].received_s + 0.2 <= closed <= left + 0.1
 
 
 def test_slow_first_byte() -> None:

@@ -30,17 +30,14 @@ def probe(**env: str) -> tuple[str, list[str], str]:
     return described, modules, cost_file
 
 
-def built() -> bool:
-    return any(hot_path._extension_of(hot_path.ROOT / m) is not None for m in hot_path.MYPYC_MODULES)
-
-
 def test_where_ci_built_it_every_listed_module_runs_compiled() -> None:
     if not os.environ.get(REQUIRE_COMPILED_ENV):
         pytest.skip(f"{REQUIRE_COMPILED_ENV} not set: this machine may have no C compiler (.ci/run sets it)")
     described, modules, cost_file = probe()
     expected = {m.removesuffix(".py").replace("/", ".") for m in hot_path.MYPYC_MODULES} | set(hot_path.C_EXTENSIONS)
     imported = expected - {"router.policies.least_loaded"}  # every module the probe imports, and more
-    assert described.startswith("compiled (") and not cost_file.endswith(".py")
+    assert described == f"compiled ({len(hot_path.MYPYC_MODULES)}/{len(hot_path.MYPYC_MODULES)} mypyc modules, " \
+        "C block hashing built)" and not cost_file.endswith(".py")
     assert imported - set(modules) == set(), f"not compiled: {sorted(imported - set(modules))}"
 
 
@@ -51,11 +48,17 @@ def test_kappa_pure_python_runs_every_module_from_its_source() -> None:
 
 
 def test_without_the_switch_the_build_decides() -> None:
+    """Whatever was built runs, and `describe` says how much: all, part (a C-only build, say) or none."""
     described, modules, _ = probe(**{hot_path.PURE_PYTHON_ENV: "0"})  # "0" means not set
-    if not built():
-        assert modules == [] and described.startswith("pure Python")
+    mypyc, c = hot_path.built()
+    assert ("router.cost" in modules) == (hot_path._extension_of(hot_path.ROOT / "router/cost.py") is not None)
+    assert ("prefix_index._chain" in modules) == c
+    if not mypyc and not c:
+        assert described.startswith("pure Python")
+    elif mypyc == len(hot_path.MYPYC_MODULES) and c:
+        assert described.startswith("compiled (")
     else:
-        assert "router.cost" in modules and described.startswith("compiled (")
+        assert described.startswith("partly compiled (")
 
 
 @pytest.mark.parametrize(("value", "pure"), [("", False), ("0", False), ("1", True), ("yes", True)])
@@ -80,3 +83,14 @@ def test_a_compiled_module_older_than_its_source_is_stale(tmp_path: Path) -> Non
     os.utime(tmp_path / ("prefix_index/_chain" + suffix), (old, old))  # the C source edited since
     os.utime(tmp_path / "prefix_index/_chain.c", (new, new))
     assert hot_path.stale_modules(tmp_path) == ["router/kappa", "prefix_index/_chain"]
+    assert hot_path.built(tmp_path) == (2, True)  # router/cost and router/kappa of the 17, and the C extension
+
+
+def test_a_partial_build_is_described_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (tmp_path / "prefix_index").mkdir()
+    (tmp_path / ("prefix_index/_chain" + suffix)).write_bytes(b"")  # the C extension alone: mypyc failed
+    monkeypatch.setattr(hot_path, "ROOT", tmp_path)
+    monkeypatch.setattr(hot_path, "_decision", "compiled")
+    assert hot_path.describe() == (f"partly compiled (0/{len(hot_path.MYPYC_MODULES)} mypyc modules, C block hashing "
+                                   "built: pip install -v -e . shows why)")
