@@ -250,6 +250,11 @@ class Dispatcher:
         return Ticket(target.ledger, est.kv_demand_bytes, est.prefill_s,
                       on_finish=lambda: self.pending.remove(model, target.id, hashes))
 
+    def records_anything(self, hashes: Sequence[int], holders: Literal["both", "backend", "kv_pool"] = "both") -> bool:
+        """Whether `record` with these arguments would tell the index anything (a chain, and for
+        ``kv_pool`` a pool): the gateway spawns no task for a record that would not."""
+        return bool(hashes) and (holders != "kv_pool" or self.kv_pool_bytes is not None)
+
     async def record(self, model: str, target: Target, hashes: Sequence[int], *,
                      holders: Literal["both", "backend", "kv_pool"] = "both") -> None:
         """The backend now caches this chain (its prefill ran), and so does the shared KV pool
@@ -258,13 +263,11 @@ class Dispatcher:
         ``holders``: ``backend`` records the backend alone (a gateway recording a chain when
         it sends the request: the prefill computes it into that backend's HBM, but reaches
         the pool only once done); ``kv_pool`` the pool alone (that request's first byte)."""
-        if not hashes:
+        if not self.records_anything(hashes, holders):
             return
         hooks = self.hooks
         start = self.clock() if hooks is not None else 0.0
         kv_pool = self.kv_pool_capacity(target, model) if holders != "backend" else None
-        if holders == "kv_pool" and kv_pool is None:
-            return
         try:
             if holders == "kv_pool":
                 assert kv_pool is not None

@@ -122,7 +122,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
         ticket = gw.routing.charge(plan, candidate)
         # Other replicas learn of the prefill in flight through the index (gateway.peers).
-        if gw.peers is not None and plan.request.hashes:
+        if gw.peers is not None and gw.routing.dispatcher.records_anything(plan.request.hashes, "backend"):
             gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes, holders="backend"))
         up_headers = headers.copy()
         up_headers["X-Request-Id"] = attempt_request_id(request_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from typing import Literal
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -137,12 +138,11 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         if slot is not None:
             slot.release_body()  # no retry can re-send it now
         resp = sent.resp
-        if resp.status < 400 and parsed.hashes:  # the backend ran the prefill: its cache (and the pool) hold the chain
-            if gw.peers is None:
-                gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes))
-            elif gw.routing.dispatcher.kv_pool_bytes is not None:
-                # With peers the backend was recorded when the request was sent (gateway.peers): the pool now.
-                gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes, holders="kv_pool"))
+        # The backend ran the prefill: its cache (and the pool) hold the chain. With peers the backend
+        # was recorded when the request was sent (gateway.peers): the pool now.
+        holders: Literal["both", "kv_pool"] = "both" if gw.peers is None else "kv_pool"
+        if resp.status < 400 and gw.routing.dispatcher.records_anything(parsed.hashes, holders):
+            gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes, holders=holders))
         relay = Relay(gw, plan, sent, received_s, request_id=request_id, route=kind,
                       request_bytes=len(raw))
         headers = {**response_headers(resp.headers), **kappa_headers(sent.candidate, request_id)}

@@ -103,7 +103,7 @@ def stale_modules(root: Path = ROOT) -> list[str]:
 
 def _shims_without_group() -> bool:
     """Some mypyc module was built but not the group library its code lives in."""
-    if not any(_extension_of(ROOT / m) for m in MYPYC_MODULES):
+    if not built()[0]:
         return False
     return _extension_of(ROOT / f"{MYPYC_GROUP}__mypyc.py") is None and \
         importlib.util.find_spec(f"{MYPYC_GROUP}__mypyc") is None

@@ -322,7 +322,6 @@ def predict_unqueued(shape: RequestShape, backend: BackendSpec) -> UnqueuedEstim
         kappa_hw = kappa.kappa_hw(load_bytes / pf.load_s, backend.c_eff_flops_per_s)
     context = prompt + shape.output_tokens / 2.0
     decode_step = (c.active_weight_bytes + c.kv_bytes(context)) / backend.hbm_bandwidth_bytes_per_s
-    ttft = 0.0 + pf.duration_s
     decode_time = max(shape.output_tokens - 1.0, 0.0) * decode_step
     energy = (backend.power_w(pf.utilisation) * pf.duration_s
               + backend.power_w(DECODE_POWER_UTILISATION) * decode_time)
@@ -331,8 +330,8 @@ def predict_unqueued(shape: RequestShape, backend: BackendSpec) -> UnqueuedEstim
         t_load_s=pf.load_s,
         prefill_s=pf.duration_s,
         decode_step_s=decode_step,
-        ttft_s=ttft,
-        e2e_s=ttft + decode_time,
+        ttft_s=pf.duration_s,
+        e2e_s=pf.duration_s + decode_time,
         energy_j=energy,
         load_bytes=load_bytes,
         kv_demand_bytes=kv_demand_bytes(c, prompt, shape),
