@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prefix_index import BlockMatch, TierCapacity, block_hashes, chain_seed
 
@@ -24,3 +25,11 @@ def chain(labels: Sequence[str]) -> list[int]:
 
 def labels(tag: str, n: int) -> list[str]:
     return [f"{tag}{i}" for i in range(n)]
+
+
+async def drop_keys(client: Any, key_prefix: str) -> None:
+    """Delete every key under ``key_prefix`` (a test's own keys on the shared redis-server);
+    ``client`` is a redis-py asyncio client."""
+    keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
+    if keys:
+        await client.delete(*keys)

@@ -22,7 +22,7 @@ from prefix_index import (
     IndexUnavailable,
     RedisPrefixIndex,
 )
-from tests.contract.index_support import ROOMY, chain, labels
+from tests.contract.index_support import ROOMY, chain, drop_keys, labels
 from tests.support.redis_server import frozen, redis_process
 
 pytestmark = pytest.mark.redis
@@ -40,9 +40,7 @@ async def index_and_client(redis_url: str, key_prefix: str) -> AsyncIterator[tup
         yield index, client
     finally:
         await index.aclose()
-        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
+        await drop_keys(client, key_prefix)
         await client.aclose()
 
 
@@ -97,9 +95,7 @@ async def test_every_key_a_record_writes_expires_and_each_write_refreshes_it(red
         assert await client.ttl(blocks) <= 5
     finally:
         await index.aclose()
-        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
+        await drop_keys(client, key_prefix)
         await client.aclose()
 
 

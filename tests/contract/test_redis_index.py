@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as redis
 
 from prefix_index import BlockMatch, IndexUnavailable, RedisPrefixIndex, TierCapacity
-from tests.contract.index_support import CONTRACT_TIMEOUT_S, ROOMY, ZERO, chain, labels
+from tests.contract.index_support import CONTRACT_TIMEOUT_S, ROOMY, ZERO, chain, drop_keys, labels
 from tests.support.redis_server import free_port
 
 
@@ -28,9 +28,7 @@ async def own_redis_index(redis_url: str, key_prefix: str) -> AsyncIterator[OwnI
         yield index, client
     finally:
         await index.aclose()
-        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
+        await drop_keys(client, key_prefix)
         await client.aclose()
 
 
@@ -122,9 +120,7 @@ async def test_redis_client_stays_usable_after_a_timeout(redis_url: str, key_pre
         await hasty.aclose()  # does not close a client it does not own
         assert await client.ping()
     finally:
-        keys = [key async for key in client.scan_iter(match=f"{key_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
+        await drop_keys(client, key_prefix)
         await client.aclose()
 
 
