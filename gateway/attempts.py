@@ -27,8 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +36,7 @@ from starlette.requests import Request
 
 from dispatch import Plan, Ticket
 from gateway.backends import BackendState
+from gateway.connections import CLIENT_GONE
 from gateway.errors import (
     ClientGone,
     ShuttingDown,
@@ -67,29 +66,32 @@ class FirstByte:
 
 
 class ClientWatch:
-    """Notices the client disconnecting while the gateway waits on a backend (after the body
-    was read, the next ASGI message is ``http.disconnect``). Stop it before handing the
-    connection to a streaming response, which listens for that message itself."""
+    """Notices the client disconnecting while the gateway waits on a backend. Under the
+    gateway's own server the connection tells it (`gateway.connections.CLIENT_GONE`); under
+    another ASGI server a task reads the request's next ASGI message, which after the body
+    is ``http.disconnect``. Stop it before handing the connection to a streaming response,
+    which listens for that message itself."""
 
-    __slots__ = ("_request", "_task")
+    __slots__ = ("_request", "_signal")
 
     def __init__(self, request: Request) -> None:
         self._request = request
-        self._task: asyncio.Task[None] | None = None
+        self._signal: asyncio.Future[None] | None = None
 
     @property
     def signal(self) -> asyncio.Future[None]:
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._disconnected())
-        return self._task
+        if self._signal is None:
+            client_gone = self._request.scope.get(CLIENT_GONE)
+            self._signal = client_gone() if client_gone is not None else asyncio.ensure_future(self._disconnected())
+        return self._signal
 
     async def _disconnected(self) -> None:
         while (await self._request.receive())["type"] != "http.disconnect":
             pass
 
     def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        if self._signal is not None and not self._signal.done():
+            self._signal.cancel()
 
 
 async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMultiDict[str], watch: ClientWatch, *,
@@ -153,21 +155,43 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
     raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover
 
 
-async def _first_of(attempt: asyncio.Future[Any], gone: Awaitable[None], down: asyncio.Future[str],
+async def _first_of(attempt: asyncio.Future[Any], gone: asyncio.Future[None], down: asyncio.Future[str],
                     stopping: asyncio.Future[None], backend: str) -> Any:
     """The attempt's result, unless the client leaves, the backend leaves rotation or the grace
-    period ends first: then the attempt is cancelled (its connection closed) and that is raised."""
-    done, _ = await asyncio.wait({attempt, gone, down, stopping}, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
-    if attempt in done:
-        return attempt.result()
-    attempt.cancel()
-    with suppress(asyncio.CancelledError, UpstreamError):
-        await attempt
-    if gone in done:  # type: ignore[comparison-overlap]
+    period ends first: then the attempt is cancelled (its connection closed) and that is raised.
+
+    The three signals cancel the attempt from their done callbacks (no `asyncio.wait` and its
+    waiter per request); a cancellation of this task cancels the attempt too and propagates.
+    """
+    interrupted: list[asyncio.Future[Any]] = []
+
+    def interrupt(signal: asyncio.Future[Any]) -> None:
+        if not interrupted:
+            interrupted.append(signal)
+            attempt.cancel()
+
+    signals = (gone, down, stopping)
+    for signal in signals:
+        signal.add_done_callback(interrupt)
+    try:
+        return await attempt
+    except asyncio.CancelledError:
+        if not interrupted or _cancelling():
+            raise
+    finally:
+        for signal in signals:
+            signal.remove_done_callback(interrupt)
+    if interrupted[0] is gone:
         raise ClientGone(backend)
-    if down in done:
+    if interrupted[0] is down:
         raise UpstreamTimeout(f"backend stopped answering before the first byte ({down.result()})", eject=True)
     raise ShuttingDown("The gateway is shutting down.")
+
+
+def _cancelling() -> int:
+    """How many cancellations of the current task are pending (``Task.cancelling``)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
 
 
 def _account(gw: GatewayState, state: BackendState, exc: UpstreamError) -> None:

@@ -18,7 +18,10 @@ protocol with what nginx and Envoy add (``fleet_config.edge`` has the keys and d
 - **head size**: a request line and headers over ``max_header_bytes`` (64 KiB, Envoy's
   ``max_request_headers_kb``) get ``431`` and the connection closes, before any of it is routed
   or forwarded;
-- a malformed request head is answered with an OpenAI-shaped ``400`` (uvicorn's is plain text).
+- a malformed request head is answered with an OpenAI-shaped ``400`` (uvicorn's is plain text);
+- **the client leaving** is told to the request at once: ``scope[CLIENT_GONE]`` makes a future
+  that ``connection_lost`` resolves (`gateway.attempts.ClientWatch`), so waiting on a backend
+  needs no task reading ASGI messages to notice a disconnect.
 
 The keep-alive timeout is uvicorn's own (``timeout_keep_alive``), set from the config.
 """
@@ -36,6 +39,8 @@ from fleet_config.edge import EdgeSettings
 from gateway.errors import error_body
 
 RETRY_AFTER_S = 1
+# The scope key of `EdgeProtocol.client_gone`, on every request this protocol serves.
+CLIENT_GONE = "kappa.client_gone"
 
 
 def _error_response(status: int, message: str, error_type: str, extra: tuple[bytes, ...] = ()) -> bytes:
@@ -56,6 +61,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._idle_since_s = 0.0
         self._head_bytes = 0
         self._refused = False  # answered and closing: the parser's further callbacks are ignored
+        self._gone: list[asyncio.Future[None]] = []  # the current request's client_gone futures
 
     # -- the connection cap ------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -79,10 +85,31 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._idle_since_s = time.monotonic()
+        self._gone.clear()  # the request is answered: its watches were stopped
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+        for future in self._gone:
+            if not future.done():
+                future.set_result(None)
+        self._gone.clear()
+
+    # -- the client leaving ------------------------------------------------------------
+    def client_gone(self) -> asyncio.Future[None]:
+        """A future resolved when the connection is lost (already, if it is): ``scope[CLIENT_GONE]``.
+
+        Reading resumes, as an ASGI ``receive`` would: a paused transport does not see the
+        peer's close. Cancel the future to stop watching."""
+        future = self.loop.create_future()
+        cycle = self.cycle
+        if self.transport.is_closing() or (cycle is not None and cycle.disconnected):
+            future.set_result(None)
+            return future
+        if self.flow is not None:
+            self.flow.resume_reading()
+        self._gone.append(future)
+        return future
 
     # -- read timeouts -------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -91,6 +118,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[CLIENT_GONE] = self.client_gone  # type: ignore[literal-required]
         self._head_bytes = 0
         self._arm_head_timer()
 

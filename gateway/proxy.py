@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-import uuid
 from typing import Literal
 
 from starlette.requests import ClientDisconnect, Request
@@ -28,6 +27,7 @@ from gateway.attempts import ClientWatch, first_byte
 from gateway.body import read_body
 from gateway.errors import ClientGone, GatewayError
 from gateway.relay import Relay
+from gateway.request_ids import new_request_id
 from gateway.routing import Kind
 from gateway.state import GatewayState
 from gateway.upstream import forward_headers, response_headers
@@ -41,10 +41,11 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
 
 def request_id_of(value: str | None) -> str:
-    """The request's id: the client's ``X-Request-Id`` when safe (`_SAFE_REQUEST_ID`), else a new one."""
+    """The request's id: the client's ``X-Request-Id`` when safe (`_SAFE_REQUEST_ID`), else a new one
+    (`gateway.request_ids.new_request_id`: 32 hex characters)."""
     if value is not None and _SAFE_REQUEST_ID.fullmatch(value):
         return value
-    return uuid.uuid4().hex
+    return new_request_id()
 
 
 def kappa_headers(candidate: Candidate, request_id: str) -> dict[str, str]:
