@@ -16,10 +16,15 @@ of the gateway's relay and observability alone.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
-from gateway import routing
-from gateway.commands.cli import main
+# The tree this script is in, not whatever an editable install points at (`python -m gateway`
+# gets the same from its working directory: bench/overhead.py starts both from the tree's root).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway import routing  # noqa: E402
+from gateway.commands.cli import main  # noqa: E402
 
 _Service = routing.RoutingService
 _parse, _plan = _Service.parse, _Service.plan
