@@ -18,7 +18,7 @@ import re
 from typing import Literal
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.admission import Slot
@@ -26,7 +26,7 @@ from gateway.answers import error_response
 from gateway.attempts import ClientWatch, first_byte
 from gateway.body import read_body
 from gateway.errors import ClientGone, GatewayError
-from gateway.relay import Relay
+from gateway.relay import Relay, RelayedStream
 from gateway.request_ids import new_request_id
 from gateway.routing import Kind
 from gateway.state import GatewayState
@@ -149,7 +149,7 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         headers = {**response_headers(resp.headers), **kappa_headers(sent.candidate, request_id)}
         if resp.status < 400 and resp.headers.get("content-type", "").startswith("text/event-stream"):
             watch.stop()  # the streaming response listens for the client's disconnect itself
-            return StreamingResponse(relay.stream(), status_code=resp.status, headers=headers)
+            return RelayedStream(relay.stream(), status_code=resp.status, headers=headers)
         body = await relay.body(watch)
         return Response(body, status_code=resp.status, headers=headers)
     except ClientGone as gone:

@@ -27,9 +27,12 @@ from collections.abc import AsyncIterator
 from contextlib import suppress
 
 import aiohttp
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from dispatch import Plan
 from gateway.attempts import ClientWatch, FirstByte
+from gateway.connections import CLIENT_GONE
 from gateway.errors import ClientGone, ShuttingDown, UpstreamReset, UpstreamTimeout
 from gateway.kappa_feed import prediction
 from gateway.sse import SseObserver, error_tail, usage_from_body
@@ -211,6 +214,45 @@ class Relay:
             uncached_prompt_tokens=c.uncached_prompt_tokens, kappa_ratio=c.estimate.kappa_ratio,
             regime=c.estimate.regime.value, ttft_s=obs.ttft_s, e2e_s=self.gw.clock() - obs.start_s,
             request_bytes=self.request_bytes, response_bytes=self.response_bytes)
+
+
+class RelayedStream(StreamingResponse):
+    """Starlette's streaming response, told of the client's leaving by the gateway's own server.
+
+    Under ASGI 2.3 (uvicorn's) Starlette runs each stream in an anyio task group beside a task
+    that reads ASGI messages until ``http.disconnect``. Under the gateway's edge protocol the
+    connection tells the request instead (`gateway.connections.CLIENT_GONE`): its future
+    cancels the stream from a done callback, and the stream's generator is closed, so the
+    relay settles ``client_disconnect`` as before, with no task group or second task per
+    stream. Elsewhere it is Starlette's response unchanged.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client_gone = scope.get(CLIENT_GONE)
+        task = asyncio.current_task()
+        if client_gone is None or task is None:
+            await super().__call__(scope, receive, send)
+            return
+        gone: asyncio.Future[None] = client_gone()
+        state = {"finished": False, "fired": False}
+
+        def interrupt(future: asyncio.Future[None]) -> None:
+            if not state["finished"] and not future.cancelled():
+                state["fired"] = True
+                task.cancel()
+
+        gone.add_done_callback(interrupt)
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not state["fired"] or task.cancelling() > 1:
+                raise  # not (only) the client's leaving: a cancellation from outside
+            task.uncancel()
+        finally:
+            state["finished"] = True
+            gone.remove_done_callback(interrupt)
+            gone.cancel()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 # The status a non-streamed request's client gets when the relay ends it (gateway.errors).
