@@ -1,17 +1,39 @@
 """A minimal OpenAI-shaped upstream that answers at once, on several loopback ports in one process.
 
 Used by ``bench/overhead.py`` as the backend of every configuration (direct, bare proxy,
-gateway), so that what differs between them is only the proxy in the middle. It is a raw
-ASGI app on uvicorn (uvloop + httptools), without a framework, to keep its own cost small
-and equal for everyone. It imports none of the project's packages.
+gateway, peer routers), so that what differs between them is only the proxy in the middle.
 
-- ``POST /v1/chat/completions`` and ``POST /v1/completions``: reads the whole body; a body
-  with ``"stream": true`` gets a short SSE stream (three content events, a usage event,
-  ``[DONE]``), any other body one JSON completion. ``usage.prompt_tokens`` is the body's
-  length / 4 (the gateway calibrates bytes per token from it). The bench's own bodies put
-  ``stream`` first, so their first bytes decide; a body that a router re-serialised
-  (sglang-router and vllm-router move ``stream`` after the messages) is searched whole.
-- ``GET /health``: 200. ``GET /metrics``: a minimal vLLM-style page (an idle engine).
+What it answers (HTTP/1.1, keep-alive; the body read whole before any answer):
+
+- ``POST /v1/chat/completions`` and ``POST /v1/completions``: a body with ``"stream": true``
+  gets a short SSE stream (three content events, a usage event, ``[DONE]``) in chunked
+  transfer, written as five writes like the uvicorn stub before it (the head, one per content
+  event, then the usage event, ``[DONE]`` and the last chunk), so a proxy sees the same
+  segments; any other body one JSON completion with ``Content-Length``, in one write (the
+  uvicorn stub sent the same bytes chunked, in two writes).
+  ``usage.prompt_tokens`` is the body's length / ``BYTES_PER_TOKEN_ESTIMATE`` (4; the
+  gateway calibrates bytes per token from it). The bench's own bodies put ``stream`` first,
+  so their first bytes decide; a body that a router re-serialised (sglang-router and
+  vllm-router move ``stream`` after the messages) is searched whole.
+- ``GET /health``: 200 ``{}``. ``GET /metrics``: a minimal vLLM-style page (an idle engine).
+- Anything else: 404 ``{"error":"not found"}``; a request httptools cannot parse: 400, closed.
+
+Requests may be pipelined, sent in many pieces, with a ``Transfer-Encoding: chunked`` body
+or ``Expect: 100-continue`` (answered ``100 Continue`` once the head is in). A request with
+``Connection: close`` (or HTTP/1.0 without keep-alive) is answered with ``connection: close``
+and the connection closed; an HTTP/1.0 stream is sent unchunked, then the connection closed. Idle connections are never
+timed out (the clients close theirs). Every answer has a ``date`` header, refreshed each
+second; there is no ``server`` header.
+
+Why raw (`asyncio.Protocol` on uvloop, `httptools.HttpRequestParser`, answers pre-encoded
+or cached per prompt length) rather than an ASGI app on uvicorn: the stub shares the
+machine's two cores with the server under test, so its CPU is taken from the measurement.
+Its CPU per request, measured with the uvicorn version beside it (8 ports each, 8k-token chat
+bodies from `bench/loadgen.py`, closed loop, median of 5 rounds of 3 s): at concurrency 32,
+0.076 -> 0.025 ms (JSON) and 0.133 -> 0.050 ms (SSE); at concurrency 1, 0.104 -> 0.034 and
+0.160 -> 0.075 ms. Sending the whole stream in one write would bring SSE to 0.023 ms at
+concurrency 32, but would change the segments the proxies under test read. It imports
+nothing of the project but the bytes-per-token estimate.
 
     python bench/upstream_stub.py --listeners 8     # prints {"ports": [...]} once listening
     python bench/upstream_stub.py --port 8123       # listens on the given port(s) instead
@@ -20,10 +42,14 @@ and equal for everyone. It imports none of the project's packages.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import socket
+from email.utils import formatdate
 
-import uvicorn
+import httptools
+import uvloop
 
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE  # the bench's prompts are ~this many bytes per token
 
@@ -33,6 +59,10 @@ STREAM_TRUE = (b'"stream":true', b'"stream": true')
 STREAM_FALSE = (b'"stream":false', b'"stream": false')
 STREAM_MARK_WINDOW_BYTES = 64  # the load generator writes "stream" as the body's first key
 CONTENT_EVENTS = 3
+COMPLETION_PATHS = (b"/v1/chat/completions", b"/v1/completions")
+LISTEN_BACKLOG = 2048  # uvicorn's default, which this stub replaced
+DATE_REFRESH_S = 1.0  # the Date header's resolution (RFC 9110 §6.6.1: seconds)
+CACHED_PROMPT_LENGTHS = 4096  # answers kept per distinct prompt_tokens; the bench sends a few dozen lengths
 
 METRICS_PAGE = (
     b"# TYPE vllm:num_requests_waiting gauge\n"
@@ -44,8 +74,15 @@ METRICS_PAGE = (
     b"# TYPE process_start_time_seconds gauge\n"
     b"process_start_time_seconds 1000\n"
 )
-_JSON = [(b"content-type", b"application/json")]
-_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+OK, NOT_FOUND, BAD_REQUEST = b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 404 Not Found\r\n", b"HTTP/1.1 400 Bad Request\r\n"
+JSON = b"content-type: application/json\r\n"
+SSE = b"content-type: text/event-stream\r\ncache-control: no-cache\r\n"
+TEXT = b"content-type: text/plain; version=0.0.4\r\n"  # Prometheus text exposition
+PLAIN = b"content-type: text/plain; charset=utf-8\r\n"
+CHUNKED = b"transfer-encoding: chunked\r\n"
+CLOSE = b"connection: close\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LAST_CHUNK = b"0\r\n\r\n"
 
 
 def wants_stream(body: bytes) -> bool:
@@ -63,63 +100,175 @@ def wants_stream(body: bytes) -> bool:
     return any(mark in body for mark in STREAM_TRUE)
 
 
-def _usage(body_bytes: int) -> dict:
-    prompt = max(int(body_bytes // BYTES_PER_TOKEN_ESTIMATE), 1)
+def prompt_tokens(body_bytes: int) -> int:
+    """``usage.prompt_tokens`` for a body of ``body_bytes`` bytes: its length / 4, at least 1."""
+    return max(int(body_bytes // BYTES_PER_TOKEN_ESTIMATE), 1)
+
+
+def _usage(prompt: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": CONTENT_EVENTS, "total_tokens": prompt + CONTENT_EVENTS,
             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
-def _event(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _chunk(text: str | None, finish: str | None = None, usage: dict | None = None) -> bytes:
+def _event(text: str | None, finish: str | None = None, usage: dict | None = None) -> bytes:
     choices = [] if text is None else [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]
     payload = {"id": "cmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub",
                "choices": choices}
     if usage is not None:
         payload["usage"] = usage
-    return _event(payload)
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _read_body(receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def app(scope, receive, send) -> None:
-    if scope["type"] != "http":
-        return
-    path = scope["path"]
-    if path in ("/v1/chat/completions", "/v1/completions") and scope["method"] == "POST":
-        body = await _read_body(receive)
-        usage = _usage(len(body))
-        if wants_stream(body):
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-            for i in range(CONTENT_EVENTS):
-                finish = "length" if i == CONTENT_EVENTS - 1 else None
-                await send({"type": "http.response.body", "body": _chunk(f"t{i}", finish), "more_body": True})
-            await send({"type": "http.response.body", "body": _chunk(None, usage=usage) + b"data: [DONE]\n\n"})
+CONTENT = [_event(f"t{i}", "length" if i == CONTENT_EVENTS - 1 else None) for i in range(CONTENT_EVENTS)]
+CONTENT_CHUNKS = [_chunk(event) for event in CONTENT]
+
+
+@functools.lru_cache(maxsize=CACHED_PROMPT_LENGTHS)
+def completion_body(prompt: int) -> bytes:
+    """The non-streamed answer (``json.dumps`` spacing) for ``prompt`` prompt tokens."""
+    return json.dumps({"id": "cmpl-stub", "object": "chat.completion", "created": 0, "model": "stub",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "t0 t1 t2"},
+                                    "finish_reason": "length"}], "usage": _usage(prompt)}).encode()
+
+
+@functools.lru_cache(maxsize=CACHED_PROMPT_LENGTHS)
+def stream_tail(prompt: int) -> bytes:
+    """The stream's end for ``prompt`` prompt tokens: the usage event and ``[DONE]``, unframed."""
+    return _event(None, usage=_usage(prompt)) + b"data: [DONE]\n\n"
+
+
+@functools.lru_cache(maxsize=CACHED_PROMPT_LENGTHS)
+def _stream_tail_chunks(prompt: int) -> bytes:
+    return _chunk(stream_tail(prompt)) + LAST_CHUNK
+
+
+class DateHeader:
+    """The ``date`` header line, rebuilt every ``DATE_REFRESH_S`` by a loop timer (as uvicorn
+    does), so an answer costs no clock read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.line = b""
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.line = b"date: " + formatdate(usegmt=True).encode() + b"\r\n"
+        self._loop.call_later(DATE_REFRESH_S, self._refresh)
+
+
+class StubConnection(asyncio.Protocol):
+    """One client connection: httptools parses the requests, each is answered as its last byte arrives."""
+
+    def __init__(self, date: DateHeader) -> None:
+        self.date = date
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+        self.expect_continue = False
+        self.closing = False
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
             return
-        out = json.dumps({"id": "cmpl-stub", "object": "chat.completion", "created": 0, "model": "stub",
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "t0 t1 t2"},
-                                       "finish_reason": "length"}], "usage": usage}).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": _JSON})
-        await send({"type": "http.response.body", "body": out})
-        return
-    if path == "/health":
-        status, body, headers = 200, b"{}", _JSON
-    elif path == "/metrics":
-        status, body, headers = 200, METRICS_PAGE, [(b"content-type", b"text/plain; version=0.0.4")]
-    else:
-        status, body, headers = 404, b'{"error":"not found"}', _JSON
-    await _read_body(receive)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # no upgrade (h2c, websocket): answered in HTTP/1.1, then closed
+            self._close()
+        except httptools.HttpParserError:
+            if not self.closing:
+                self._answer(BAD_REQUEST, PLAIN, b"Invalid HTTP request.\n", False, False)
+                self._close()
+
+    def pause_writing(self) -> None:  # a client that does not read its answers stops being read
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self.transport is not None
+        self.transport.resume_reading()
+
+    # httptools callbacks, in a request's order
+
+    def on_message_begin(self) -> None:
+        self.url, self.body, self.expect_continue = b"", [], False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"expect" and value.lower() == b"100-continue":
+            self.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        if self.expect_continue and not self.closing:
+            self._write(CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.closing:  # pipelined after a request that closed the connection
+            return
+        keep_alive = self.parser.should_keep_alive()
+        method = self.parser.get_method()
+        path = httptools.parse_url(self.url).path
+        if method == b"POST" and path in COMPLETION_PATHS:
+            body = b"".join(self.body)
+            prompt = prompt_tokens(len(body))
+            if not wants_stream(body):
+                self._answer(OK, JSON, completion_body(prompt), keep_alive, False)
+            elif self.parser.get_http_version() == "1.0":  # no chunked for HTTP/1.0: the close ends the body
+                keep_alive = False
+                self._answer(OK, SSE, b"".join(CONTENT) + stream_tail(prompt), keep_alive, False)
+            else:
+                self._stream(prompt, keep_alive)
+        elif path == b"/health":
+            self._answer(OK, JSON, b"{}", keep_alive, method == b"HEAD")
+        elif path == b"/metrics":
+            self._answer(OK, TEXT, METRICS_PAGE, keep_alive, method == b"HEAD")
+        else:
+            self._answer(NOT_FOUND, JSON, b'{"error":"not found"}', keep_alive, method == b"HEAD")
+        if not keep_alive:
+            self._close()
+
+    # answers
+
+    def _answer(self, status: bytes, headers: bytes, body: bytes, keep_alive: bool, head_only: bool) -> None:
+        self._write(b"".join((status, self.date.line, headers, b"content-length: %d\r\n" % len(body),
+                              b"" if keep_alive else CLOSE, b"\r\n", b"" if head_only else body)))
+
+    def _stream(self, prompt: int, keep_alive: bool) -> None:
+        self._write(b"".join((OK, self.date.line, SSE, CHUNKED, b"" if keep_alive else CLOSE, b"\r\n")))
+        for chunk in CONTENT_CHUNKS:
+            self._write(chunk)
+        self._write(_stream_tail_chunks(prompt))
+
+    def _write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def _close(self) -> None:
+        self.closing = True
+        assert self.transport is not None
+        self.transport.close()  # after the buffered answer is written
+
+
+async def serve(sockets: list[socket.socket]) -> None:
+    """Listen on ``sockets`` (bound, not yet listening), print ``{"ports": [...]}``, serve until killed."""
+    loop = asyncio.get_running_loop()
+    date = DateHeader(loop)
+    for sock in sockets:
+        await loop.create_server(lambda: StubConnection(date), sock=sock, backlog=LISTEN_BACKLOG)
+    print(json.dumps({"ports": [s.getsockname()[1] for s in sockets]}), flush=True)
+    await loop.create_future()  # forever: the bench stops the stub with SIGTERM
 
 
 def main() -> None:
@@ -134,10 +283,10 @@ def main() -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
         sockets.append(sock)
-    print(json.dumps({"ports": [s.getsockname()[1] for s in sockets]}), flush=True)
-    config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="off", access_log=False,
-                            log_level="warning", timeout_graceful_shutdown=1)
-    uvicorn.Server(config).run(sockets=sockets)
+    try:
+        uvloop.run(serve(sockets))
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":
