@@ -202,12 +202,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"prefix_index from {result['prefix_index']}; {result['blocks']} blocks a chain, {N_BACKENDS} backends, "
           f"calls issued {GROUP} at a time, {args.rounds} rounds of {CALLS_PER_ROUND}; medians")
-    print(f"{'':18} {'script µs/call':>15} {'redis CPU µs/call':>18} {'calls/EVALSHA':>14}")
+    print(f"{'':20} {'script µs/call':>14} {'redis CPU µs/call':>18} {'calls/EVALSHA':>14}")
     for name in ("record, moved", "record, on top", "match"):
         r = result[name]
-        print(f"{name:20} {r['script_us']:13.1f} {r['process_us']:18.1f} {r['calls_per_evalsha']:14.1f}")
+        print(f"{name:20} {r['script_us']:14.1f} {r['process_us']:18.1f} {r['calls_per_evalsha']:14.1f}")
     for name in ("zadd floor, moved", "zadd floor, in place"):
-        print(f"{name:20} {result[name]['command_us']:13.1f}   (the ZADD command alone, from a client)")
+        print(f"{name:20} {result[name]['command_us']:14.1f}   (the ZADD command alone, from a client)")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ refreshed with every blocks key of its model, so it never expires before one of 
 
 What a call costs redis-server is what this script is shaped by (``bench/index_redis_cpu.py``,
 BENCHMARKS.md "Redis CPU per request"): a ``redis.call`` with a few arguments costs
-~0.5 µs, a ZADD of a 128-block chain ~40 µs in the command itself plus ~60 µs to build
-and hand over its 256 arguments from Lua. Hence:
+~0.5 µs; a ZADD of a 127-block chain ~40 µs in the command itself plus ~65 µs to build
+and hand over its 254 arguments from Lua (the ZADD alone, sent by a client, ~30 µs: the
+floor of a record that must re-score its chain). Hence:
 
 - **A chain already on top is not re-scored.** If the chain's last block has recency
   rank ``n - 1``, the chain holds ranks ``0 .. n-1`` in depth order: a held block's
@@ -61,7 +62,12 @@ MATCH_SPEC_FORMAT = "Idd"
 @lru_cache(maxsize=64)
 def match_spec_struct(n_backends: int) -> struct.Struct:
     """The ``struct.Struct`` packing one match's ``n_backends`` (key index, HBM blocks,
-    host blocks) triples, flat, for ``BATCH_LUA``."""
+    host blocks) triples, flat, for ``BATCH_LUA``: ``n_backends`` × 20 bytes.
+
+    Its ``pack`` raises ``struct.error`` for a key index outside [0, 2**32) (a batch holds
+    one blocks key per backend of one model) and ``OverflowError`` for a capacity past a
+    double's range; capacities past 2**53 round as ``tonumber`` rounded them before.
+    """
     return struct.Struct(">" + MATCH_SPEC_FORMAT * n_backends)
 
 
@@ -88,7 +94,8 @@ local DIGITS = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
 local a = 4
 local out, o = {}, 0
 
--- ZADD key top 'block 0' top-1 'block 1' ... with the scores as decimal strings.
+-- ZADD key top 'block 0' top-1 'block 1' ... with the scores as decimal strings
+-- (exact: the clock stays below 2**53, where floor(top / 10) and top % 10 are exact).
 local function touch(key, packed, n, top)
   local tens, unit = math.floor(top / 10), top % 10
   local head = tens > 0 and string.format('%d', tens) or ''
