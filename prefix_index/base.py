@@ -193,7 +193,8 @@ def match_chain(
 ) -> BlockMatch:
     """Binary-search one backend's cached prefix of a chain (the shared match logic).
 
-    ``redis_index``'s Lua script is a line-by-line port of this function.
+    ``redis_lua.BATCH_LUA`` computes the same function server-side (it probes block 1
+    before the whole range, which gives the same answer: see its module docstring).
 
     Args:
         n_blocks: chain length, in blocks.

@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 from prefix_index.base import BlockMatch, TierCapacity
 from prefix_index.deadline import Deadline
 from prefix_index.errors import IndexUnavailable
-from prefix_index.redis_lua import BATCH_LUA
+from prefix_index.redis_lua import BATCH_LUA, match_spec_struct
 from prefix_index.redis_registry import Registry
 
 __all__ = ["RECORD_BLOCKS_PER_BATCH", "Coalescer"]
@@ -184,11 +184,11 @@ class Coalescer:
         for r in records:
             args += (key_id(r.blocks_key), r.total_blocks, r.packed)
         for m in matches:
-            args.append(len(m.blocks_keys))
+            spec: list[int] = []
             for backend_id, key in m.blocks_keys.items():
                 capacity = m.capacities[backend_id]
-                args += (key_id(key), capacity.hbm_blocks, capacity.host_blocks)
-            args.append(m.packed)
+                spec += (key_id(key), capacity.hbm_blocks, capacity.host_blocks)
+            args += (match_spec_struct(len(m.blocks_keys)).pack(*spec), m.packed)
         self.batches_sent += 1
         self.calls_sent += len(records) + len(matches)
         calls: list[_Record | _Match] = [*records, *matches]
@@ -217,8 +217,9 @@ class Coalescer:
             if not r.future.done():
                 r.future.set_result(None)
         at = len(records)
-        for m in matches:
+        for m in matches:  # per backend: matched, hbm
+            end = at + 2 * len(m.blocks_keys)
             if not m.future.done():
-                m.future.set_result({b: BlockMatch(*flat[at + 3 * i: at + 3 * i + 3])
-                                     for i, b in enumerate(m.blocks_keys)})
-            at += 3 * len(m.blocks_keys)
+                m.future.set_result({b: BlockMatch(matched, hbm, matched - hbm) for b, matched, hbm
+                                     in zip(m.blocks_keys, flat[at:end:2], flat[at + 1:end:2])})
+            at = end

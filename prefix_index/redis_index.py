@@ -18,11 +18,12 @@ last record instead of staying forever.
 
 Round trips: every ``match`` and ``record`` issued for a model during one event-loop turn
 goes out as one EVALSHA (``redis_batch.Coalescer``; ``redis_lua.BATCH_LUA`` runs the
-records — INCRBY, ZADD, ZREMRANGEBYRANK, EXPIRE — then the matches, ``base.match_chain``'s two
-binary searches per backend with ZREVRANK), plus an SADD and EXPIRE of the registry when
-a record created a blocks key (or its entry is due for a refresh). A lone call is a batch
-of one, sent in the same turn. Hashes travel as packed ARGV strings, sliced in Lua only
-where probed.
+records — INCRBY, ZADD (none for a chain already on top of its backend), ZREMRANGEBYRANK,
+EXPIRE — then the matches, ``base.match_chain``'s two binary searches per backend with
+ZREVRANK), plus an SADD and EXPIRE of the registry when a record created a blocks key (or
+its entry is due for a refresh). A lone call is a batch of one, sent in the same turn.
+Hashes travel as packed ARGV strings, sliced in Lua only where probed; a match's backends
+(key index and capacities) as one packed string (``redis_lua.MATCH_SPEC_FORMAT``).
 
 Deadlines time Redis, not the gateway's event loop (issue 16). A batch's deadline,
 ``timeout_s``, runs from the moment it is sent and is a `deadline.Deadline`: a CPU-bound

@@ -13,91 +13,176 @@ the same script, so the expiry is refreshed by every write and a retired backend
 model's keys disappear ``ttl`` seconds after their last record (issue 16). The clock is
 refreshed with every blocks key of its model, so it never expires before one of them
 (a clock that restarted under live blocks would make new records look older than old ones).
+
+What a call costs redis-server is what this script is shaped by (``bench/index_redis_cpu.py``,
+BENCHMARKS.md "Redis CPU per request"): a ``redis.call`` with a few arguments costs
+~0.5 µs; a ZADD of a 127-block chain ~40 µs in the command itself plus ~65 µs to build
+and hand over its 254 arguments from Lua (the ZADD alone, sent by a client, ~30 µs: the
+floor of a record that must re-score its chain). Hence:
+
+- **A chain already on top is not re-scored.** If the chain's last block has recency
+  rank ``n - 1``, the chain holds ranks ``0 .. n-1`` in depth order: a held block's
+  ancestors are all held and outrank it (``base`` module docstring), so the ``n - 1``
+  blocks above it are exactly its ancestors, in order. Re-touching would give those
+  blocks new scores in the same order, still above every other member, and every later
+  record scores above both, so the order of the key's members — hence every rank, match,
+  tier and trim — is the same now and after any later calls. The record still advances
+  the clock, trims and refreshes the TTLs; only the chain's stored scores keep their
+  older values. (This is the case of a chain recorded again on a backend before anything
+  else was recorded there, or of a prefix of the last chain recorded there.)
+- **Scores go to ZADD as strings** built from a decimal head and a last digit
+  (``head .. DIGITS[unit + 1]``): Redis formats a Lua number argument with
+  ``snprintf("%.17g")`` (~0.2 µs), Lua's own ``string.format`` costs as much, a
+  concatenation less. The scores are the same integers, parsed back exactly.
+- **A match probes block 1 first, then the whole range, then bisects**, and skips the
+  HBM search when the matched prefix's last block is already within HBM (always, for a
+  backend without a host tier). ``base.match_chain`` probes the whole range first; both
+  compute the largest ``m`` whose block ``m`` is held below the limit, which the order
+  of the probes cannot change since "held below the limit" is monotone in depth. Most
+  candidate backends do not hold a request's first block, and this order answers them in
+  one probe. No EXISTS per backend: ZREVRANK on a missing key answers "not held" too.
+- **Match capacities travel packed** (``MATCH_SPEC_FORMAT``: key index, HBM and host
+  capacity per backend, read with the ``struct`` library Redis ships), instead of three
+  ARGV strings per backend each parsed with ``tonumber``.
 """
 
 from __future__ import annotations
 
-__all__ = ["BATCH_LUA"]
+import struct
+from functools import lru_cache
+
+__all__ = ["BATCH_LUA", "MATCH_SPEC_FORMAT", "match_spec_struct"]
+
+# One backend of a match, as ``struct`` packs it on both sides: the blocks key's index in
+# KEYS (uint32), then its HBM and host capacity in blocks as doubles (what tonumber() made
+# of them before: exact for ints up to 2**53). Big-endian, no padding.
+MATCH_SPEC_FORMAT = "Idd"
+
+
+@lru_cache(maxsize=64)
+def match_spec_struct(n_backends: int) -> struct.Struct:
+    """The ``struct.Struct`` packing one match's ``n_backends`` (key index, HBM blocks,
+    host blocks) triples, flat, for ``BATCH_LUA``: ``n_backends`` × 20 bytes.
+
+    Its ``pack`` raises ``struct.error`` for a key index outside [0, 2**32) (a batch holds
+    one blocks key per backend of one model) and ``OverflowError`` for a capacity past a
+    double's range; capacities past 2**53 round as ``tonumber`` rounded them before.
+    """
+    return struct.Struct(">" + MATCH_SPEC_FORMAT * n_backends)
+
 
 # KEYS[1]: the model's clock key; KEYS[2..]: blocks keys (one per backend in the batch).
 # ARGV: n_records, n_matches, ttl (seconds, for EXPIRE), then per record: key index, total
-# capacity, packed hashes (at most total); then per match: nb, nb x (key index, hbm, host),
-# packed hashes.
+# capacity, packed hashes (at most total); then per match: its spec (match_spec_struct:
+# key index, hbm, host per backend), packed hashes.
 # Returns, flat: per record `existed` (0 when this record created the blocks key, so the
 # caller adds the model to the backend's registry set, which lives in another Cluster
-# slot); then per match and per backend: matched, hbm, host.
+# slot); then per match and per backend: matched, hbm (host = matched - hbm).
 #
-# Record: depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1;
-# ZADD goes in batches of 1000 pairs to stay under Lua's unpack() stack limit
-# (LUAI_MAXCSTACK = 8000); then trim to the total capacity by rank; then EXPIRE the key
-# (a no-op if the trim emptied it) and, once per batch, the clock.
-# Match: a line-by-line port of base.match_chain (two searches, each probing the whole
-# range, then block 0, then bisecting), with ZREVRANK.
-BATCH_LUA = """
+# Record: depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1,
+# unless the chain already holds ranks 0..n-1 (see the module docstring); ZADD goes in
+# batches of 1000 pairs to stay under Lua's unpack() stack limit (LUAI_MAXCSTACK = 8000);
+# then trim to the total capacity by rank; then EXPIRE the key (a no-op if the trim
+# emptied it) and, once per batch, the clock.
+# Match: base.match_chain's two searches with ZREVRANK, probing block 1 first (see above).
+_SOURCE = """
 local clock = KEYS[1]
 local n_records = tonumber(ARGV[1])
 local n_matches = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
+local DIGITS = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
 local a = 4
-local out = {}
+local out, o = {}, 0
+
+-- ZADD key top 'block 0' top-1 'block 1' ... with the scores as decimal strings
+-- (exact: the clock stays below 2**53, where floor(top / 10) and top % 10 are exact).
+local function touch(key, packed, n, top)
+  local tens, unit = math.floor(top / 10), top % 10
+  local head = tens > 0 and string.format('%d', tens) or ''
+  local args, i = {}, 0
+  for d = 0, n - 1 do
+    args[i + 1] = head .. DIGITS[unit + 1]
+    args[i + 2] = string.sub(packed, 8 * d + 1, 8 * d + 8)
+    i = i + 2
+    if unit == 0 then
+      tens, unit = tens - 1, 9
+      head = tens > 0 and string.format('%d', tens) or ''
+    else
+      unit = unit - 1
+    end
+    if i == 2000 then
+      redis.call('ZADD', key, unpack(args, 1, i))
+      i = 0
+    end
+  end
+  if i > 0 then redis.call('ZADD', key, unpack(args, 1, i)) end
+end
+
 for r = 1, n_records do
   local key = KEYS[tonumber(ARGV[a])]
   local total = tonumber(ARGV[a + 1])
   local packed = ARGV[a + 2]
   a = a + 3
-  out[#out + 1] = redis.call('EXISTS', key)
   local n = #packed / 8
+  local existed = 1
   if n > 0 then
     local top = redis.call('INCRBY', clock, n)
-    local args = {}
-    for d = 0, n - 1 do
-      args[#args + 1] = top - d
-      args[#args + 1] = string.sub(packed, 8 * d + 1, 8 * d + 8)
-      if #args >= 2000 then
-        redis.call('ZADD', key, unpack(args))
-        args = {}
-      end
+    local last = redis.call('ZREVRANK', key, string.sub(packed, -8))
+    if last ~= n - 1 then
+      if not last then existed = redis.call('EXISTS', key) end
+      touch(key, packed, n, top)
     end
-    if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+  else
+    existed = redis.call('EXISTS', key)
   end
+  o = o + 1
+  out[o] = existed
   redis.call('ZREMRANGEBYRANK', key, 0, -(total + 1))
   redis.call('EXPIRE', key, ttl)
 end
 if n_records > 0 then redis.call('EXPIRE', clock, ttl) end
+
 local key, packed
-local function held(m, limit)
-  local rank = redis.call('ZREVRANK', key, string.sub(packed, 8 * m - 7, 8 * m))
-  return rank and rank < limit
+local function rank_at(m)
+  return redis.call('ZREVRANK', key, string.sub(packed, 8 * m - 7, 8 * m))
 end
+-- Largest m in [0, hi] whose block m (1-based) is held with rank < limit, and that rank.
 local function search(hi, limit)
-  if hi == 0 or held(hi, limit) then return hi end
-  if not held(1, limit) then return 0 end
-  local lo = 1
+  if hi == 0 then return 0, false end
+  local lo, lo_rank = 1, rank_at(1)
+  if not (lo_rank and lo_rank < limit) then return 0, false end
+  if hi == 1 then return 1, lo_rank end
+  local r = rank_at(hi)
+  if r and r < limit then return hi, r end
   hi = hi - 1
   while lo < hi do
     local mid = math.floor((lo + hi + 1) / 2)
-    if held(mid, limit) then lo = mid else hi = mid - 1 end
+    r = rank_at(mid)
+    if r and r < limit then lo, lo_rank = mid, r else hi = mid - 1 end
   end
-  return lo
+  return lo, lo_rank
 end
 for m = 1, n_matches do
-  local nb = tonumber(ARGV[a])
-  packed = ARGV[a + 1 + 3 * nb]
+  local spec = ARGV[a]
+  packed = ARGV[a + 1]
+  a = a + 2
   local n = #packed / 8
-  for b = 0, nb - 1 do
-    key = KEYS[tonumber(ARGV[a + 1 + 3 * b])]
-    local hbm = tonumber(ARGV[a + 2 + 3 * b])
-    local total = hbm + tonumber(ARGV[a + 3 + 3 * b])
-    local matched, in_hbm = 0, 0
-    if redis.call('EXISTS', key) == 1 then
-      matched = search(math.min(n, total), total)
+  local pos, key_id, hbm, host = 1
+  for b = 1, #spec / SPEC_BYTES do
+    key_id, hbm, host, pos = struct.unpack(SPEC_FORMAT, spec, pos)
+    key = KEYS[key_id]
+    local total = hbm + host
+    local matched, rank = search(math.min(n, total), total)
+    local in_hbm = matched
+    if matched > 0 and rank >= hbm then
       in_hbm = search(math.min(matched, hbm), hbm)
     end
-    out[#out + 1] = matched
-    out[#out + 1] = in_hbm
-    out[#out + 1] = matched - in_hbm
+    out[o + 1] = matched
+    out[o + 2] = in_hbm
+    o = o + 2
   end
-  a = a + 2 + 3 * nb
 end
 return out
 """
+_SPEC_ONE = struct.Struct(">" + MATCH_SPEC_FORMAT)
+BATCH_LUA = _SOURCE.replace("SPEC_FORMAT", repr(_SPEC_ONE.format)).replace("SPEC_BYTES", str(_SPEC_ONE.size))

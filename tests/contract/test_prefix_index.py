@@ -256,3 +256,58 @@ async def test_long_random_workload_agrees_with_reference_model(index: PrefixInd
         assert await index.match("m1", query, caps) == reference.match("m1", query, caps)
     held = {b: len(s) for (_, b), s in reference.sets.items() if s}
     assert (await index.stats()).blocks_by_backend == held
+
+
+async def test_rerecording_the_chain_on_top_or_a_prefix_of_it_changes_no_later_answer(index: PrefixIndex) -> None:
+    # The Redis script writes no scores for a chain that already holds ranks 0..n-1 (redis_lua):
+    # every later match, tier split and trim must be as if it had re-touched the chain.
+    cap = TierCapacity(hbm_blocks=3, host_blocks=5)
+    a, c, b = labels("a", 6), labels("a", 3) + labels("c", 2), labels("b", 4)
+    await index.record("m1", "b1", chain(a), cap)  # a0..a5 ranks 0..5
+    await index.record("m1", "b1", chain(c), cap)  # a0 a1 a2 c0 c1, then a3 a4 a5
+    assert (await index.match("m1", chain(a), {"b1": cap}))["b1"] == BlockMatch(6, 3, 3)
+    await index.record("m1", "b1", chain(a), cap)  # a0..a5 on top again, c0 c1 at ranks 6, 7
+    await index.record("m1", "b1", chain(a), cap)  # on top already
+    await index.record("m1", "b1", chain(a[:4]), cap)  # a prefix of the chain on top
+    assert (await index.match("m1", chain(c), {"b1": cap}))["b1"] == BlockMatch(5, 3, 2)
+    await index.record("m1", "b1", chain(b), cap)  # b0..b3, a0..a3 kept; a4 a5 c0 c1 trimmed
+    assert await index.match("m1", chain(a), {"b1": cap, "b2": cap}) == {"b1": BlockMatch(4, 0, 4), "b2": ZERO}
+    assert (await index.match("m1", chain(c), {"b1": cap}))["b1"] == BlockMatch(3, 0, 3)
+    small = TierCapacity(hbm_blocks=2, host_blocks=1)
+    await index.record("m1", "b1", chain(b), small)  # on top, then trimmed to 3 blocks
+    assert await index.match("m1", chain(b), {"b1": cap}) == {"b1": BlockMatch(3, 3, 0)}
+    assert await index.match("m1", chain(b), {"b1": small}) == {"b1": BlockMatch(3, 2, 1)}
+    assert (await index.match("m1", chain(a), {"b1": cap}))["b1"] == ZERO
+    assert (await index.stats()).blocks_by_backend == {"b1": 3}
+
+
+async def test_repeated_and_prefix_records_agree_with_reference_model(index: PrefixIndex) -> None:
+    # Biased towards what the Redis script short-cuts (a backend's last chain, or a prefix of it,
+    # recorded again), with capacities that change between records (trims after such a record)
+    # and host tiers (the HBM split reuses the matched prefix's rank); shared prefixes as in
+    # bench/overhead.py (groups of prompts sharing a head).
+    rnd = random.Random(2025)
+    documents = [labels(f"g{g}-", 10) for g in range(3)]
+    capacities = [TierCapacity(4, 4), TierCapacity(2, 6), TierCapacity(9, 0), TierCapacity(3, 2), TierCapacity(0, 5)]
+    backends = ["b1", "b2", "b3"]
+    last: dict[str, list[int]] = {}
+    reference = NaiveIndex()
+    for step in range(400):
+        backend_id = rnd.choice(backends)
+        roll = rnd.random()
+        if backend_id in last and roll < 0.35:
+            query = last[backend_id]
+        elif backend_id in last and roll < 0.55:
+            query = last[backend_id][: rnd.randint(1, len(last[backend_id]))]
+        else:
+            doc = rnd.choice(documents)
+            query = chain(doc[: rnd.randint(1, len(doc))] + labels(f"u{step}-", rnd.randint(0, 3)))
+        capacity = rnd.choice(capacities)
+        await index.record("m1", backend_id, query, capacity)
+        reference.record("m1", backend_id, query, capacity)
+        last[backend_id] = query
+        caps = {b: rnd.choice(capacities) for b in backends}
+        probe = last[rnd.choice(list(last))] if rnd.random() < 0.5 else chain(rnd.choice(documents))
+        assert await index.match("m1", probe, caps) == reference.match("m1", probe, caps), step
+    held = {b: len(s) for (_, b), s in reference.sets.items() if s}
+    assert (await index.stats()).blocks_by_backend == held

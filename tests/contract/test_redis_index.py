@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from prefix_index import BlockMatch, IndexUnavailable, RedisPrefixIndex, TierCapacity
+from prefix_index import BlockMatch, IndexUnavailable, MemoryPrefixIndex, RedisPrefixIndex, TierCapacity
 from tests.contract.index_support import CONTRACT_TIMEOUT_S, ROOMY, ZERO, chain, drop_keys, labels
 from tests.support.redis_server import free_port
 
@@ -191,3 +191,42 @@ async def test_redis_records_wait_behind_a_record_batch_in_flight_and_matches_do
     assert coalescer.calls_abandoned == 1
     assert await index.match("m1", b, {"b2": ROOMY, "b3": ROOMY}) == {"b2": BlockMatch(5, 5, 0), "b3": ZERO}
     assert (await index.match("m1", slow[:3], {"b1": TierCapacity(30_000, 0)}))["b1"] == BlockMatch(3, 3, 0)
+
+
+@pytest.mark.redis
+async def test_redis_a_chain_already_on_top_is_not_rescored_and_the_clock_still_advances(
+    own_redis_index: OwnIndex,
+) -> None:
+    index, client = own_redis_index
+    a, b = chain(labels("a", 5)), chain(labels("b", 3))
+    await index.record("m1", "b1", a, ROOMY)
+    key, clock = index._blocks_key("m1", "b1"), index._clock_key("m1")
+    scores = await client.zrange(key, 0, -1, withscores=True)
+    await index.record("m1", "b1", a, ROOMY)  # holds ranks 0..4 already: nothing to write
+    await index.record("m1", "b1", a[:3], ROOMY)  # a prefix of the chain on top: likewise
+    assert await client.zrange(key, 0, -1, withscores=True) == scores
+    assert int(await client.get(clock)) == 5 + 5 + 3
+    tight = TierCapacity(hbm_blocks=2, host_blocks=4)
+    await index.record("m1", "b1", b, tight)  # above a, scored from the advanced clock; a3, a4 trimmed
+    assert [s for _, s in await client.zrevrange(key, 0, 2, withscores=True)] == [16, 15, 14]
+    assert await index.match("m1", a, {"b1": tight}) == {"b1": BlockMatch(3, 0, 3)}
+    assert await index.match("m1", b, {"b1": tight}) == {"b1": BlockMatch(3, 2, 1)}
+
+
+@pytest.mark.redis
+async def test_redis_one_match_over_hundreds_of_backends_and_huge_capacities(own_redis_index: OwnIndex) -> None:
+    # Each backend's key index and capacities travel packed (redis_lua.MATCH_SPEC_FORMAT): key
+    # indices past one byte, capacities past 32 bits, and zero tiers give what the memory index gives.
+    index, _ = own_redis_index
+    memory = MemoryPrefixIndex()
+    a = chain(labels("a", 9))
+    capacities = {f"b{i}": TierCapacity(hbm_blocks=i % 5, host_blocks=(i % 3) * 2) for i in range(300)}
+    capacities["huge"] = TierCapacity(hbm_blocks=2**40 + 3, host_blocks=2**41)
+    for i, (backend_id, capacity) in enumerate(capacities.items()):
+        if i % 4 != 1:
+            for ix in (index, memory):
+                await ix.record("m1", backend_id, a[: 1 + i % 9], capacity)
+    result = await index.match("m1", a, capacities)
+    assert result == await memory.match("m1", a, capacities)
+    assert result["huge"] == BlockMatch(4, 4, 0)  # the 301st backend: a[:1 + 300 % 9]
+    assert sum(m.host_blocks > 0 for m in result.values()) > 50
