@@ -19,7 +19,16 @@ parent then stops them all). The parent exits 0 when every worker exited 0 after
 Metrics: ``/metrics`` on any worker reports the sum over all of them, through
 prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a fresh directory the
 parent makes and removes; each gauge declares how workers' values combine,
-`gateway.telemetry`). A dead worker's live gauges are dropped (``mark_process_dead``).
+`gateway.telemetry`). A dead worker's live gauges are dropped (``mark_process_dead``). In that
+mode every ``inc``/``set``/``observe`` first asks prometheus-client whether the process forked
+(``MmapedValue.__check_for_pid_change`` calls ``os.getpid()``, a system call, each time: ~5% of a
+worker's CPU under load, py-spy). A worker is spawned, never forks after it made its metrics,
+and its pid cannot change, so it reads its pid once, before any metric exists
+(`metrics_pid_read_once`), through prometheus-client's own hook for this:
+``prometheus_client.values.MultiProcessValue(process_identifier=...)`` (prometheus-client
+0.26 ``values.py``; its contract: distinct values in processes running at the same time, which
+the pid is). The files stay ``<type>_<pid>.db``, so the parent's ``mark_process_dead(pid)`` and
+the collector work as before.
 """
 
 from __future__ import annotations
@@ -64,9 +73,23 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent's forwarded signals still stop the workers
 
 
+def metrics_pid_read_once() -> None:
+    """Make the metrics this process creates from now on name it by the pid it has now, read
+    once, instead of calling ``os.getpid()`` at every update (module docstring). Only for a
+    process that will not fork, called before it creates any metric; a no-op outside
+    prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` unset)."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return
+    from prometheus_client import values
+
+    pid = os.getpid()
+    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)
+
+
 def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One worker: the gateway of ``config`` on the inherited socket (runs in a spawned process);
     sets ``ready`` once it serves."""
+    metrics_pid_read_once()  # before create_app makes the metrics
     os.setpgrp()
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <worker>` dumps its threads' stacks to stderr
