@@ -12,7 +12,7 @@ backends the others already loaded (measured in the simulator: ``bench/replicas.
   writes all of them, renews the lease and its membership in ``P:{peers}:members`` and
   re-reads the member list (a replica alone writes only then: a new one reads figures at most
   that old, and is seen within that interval);
-- once it knows another replica, a ticket that changes its figures (`changed`) has them
+- once it knows another replica, a ticket that changes its figures (`_changed`) has them
   written at once: by the exchange that starts then, or, if one is in flight, by the next,
   which starts as soon as that one ends (one exchange in flight at a time: changes meanwhile
   coalesce into the next). An exchange writes only the backends whose figures differ from
@@ -37,7 +37,9 @@ the changed fields + PEXPIRE, then HGETALL of each other member; the periodic on
 SMEMBERS), because the client's CPU per command, not Redis's, is what the exchange costs: a
 redis-py call took ~110–170 µs of a worker's CPU on the 2-core bench machine, and before this
 design (a pipeline for each loop turn with a change, another for each read) the exchange was
-~9.5% of a ``serve --workers 2`` worker's CPU (py-spy). The lease needs the PEXPIRE with
+~9.5% of a ``serve --workers 2`` worker's CPU (py-spy; ~0.55 Redis calls per request at
+c = 32, 8k tokens, ``bench/overhead.py``'s ``redis-w2``), now ~4.5% (~0.22 calls per request,
+the periodic ones included). The lease needs the PEXPIRE with
 every write: a bare HSET on an expired hash would leave a key without TTL that outlives its
 replica. A write of a few fields on a hash that expired while its replica lived (no write
 for a whole lease) holds only those fields until the next periodic write (≤ ``sync_interval_s``).
