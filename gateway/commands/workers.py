@@ -11,7 +11,10 @@ until none is left): the 32 connections of the overhead bench's load generator s
 ``redis-w2``). The port is first bound without ``SO_REUSEPORT`` (and let go), so that a port in
 use fails the start, rather than joining another server's group. Each socket stays open in the
 parent: a replacement worker takes over its predecessor's, and the connections the kernel put
-in that socket's queue meanwhile wait for it (none is refused). Elsewhere, one shared socket.
+in that socket's queue meanwhile wait for it, its start-up (none is refused). The price: a
+worker whose event loop hangs keeps getting its share of new connections, which wait (on a
+shared socket the others would have taken them); the outlier detection of a load balancer in
+front, or the worker's end, ends that. Elsewhere than Linux, one shared socket.
 Each worker is a whole gateway
 (`gateway.server.GatewayServer`): its own event loop, backend health checks and ledgers.
 With a Redis index the workers share the prefix index and exchange their load
