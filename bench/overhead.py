@@ -32,7 +32,15 @@ round; p50/p99 are over the pooled rounds, throughput is the median round's. "Ad
 latency is the difference of percentiles against ``direct`` and against ``bare``.
 "Server CPU ms/req" is the CPU time the process under load (stub, proxy, gateway or peer
 router, with its threads and child processes) used during the cell, per request (/proc, warm-up included): on a shared 2-core machine it is
-steadier than throughput, and it is what an optimisation changes. The routing decision
+steadier than throughput, and it is what an optimisation changes. Beside it, each row has the
+CPU per request of the processes that serve every target (``helper_cpu_ms_per_request``: the
+``redis-server``, the stub upstream, and the load generator, from ``getrusage(RUSAGE_CHILDREN)``
+around its run), so that the machine's CPU per request and the ceiling it sets are in the
+output: ``cpu_ceiling_rps`` = usable cores / all of it, ``process_ceiling_rps`` = the target's
+processes (2 for ``-w2``, else 1; none for the peers, whose threads we do not count) / its own
+(`overhead_report.cpu_arithmetic`; the notes under the side-by-side table). The idle
+targets' own timers (health checks, scrapes, the peers' periodic exchange) are not counted.
+The routing decision
 time is the p50 of the gateway's own ``gateway_routing_decision_seconds`` histogram
 (interpolated in its buckets). Tables and the budget verdict: `bench/overhead_report.py`.
 
@@ -53,6 +61,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import shlex
 import shutil
 import statistics
@@ -69,6 +78,7 @@ from typing import Any
 from overhead_report import (
     HEADERS,
     bucket_p50_ms,
+    cpu_arithmetic,
     derive,
     machine,
     pct,
@@ -197,9 +207,10 @@ def gateway_config(stub_ports: list[int], port: int, redis_url: str | None, key_
 
 
 @contextlib.contextmanager
-def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple[int, int]]]:
+def servers(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[dict[str, tuple[int, int]], dict[str, int]]]:
     """Start the stub, the bare proxy, Redis, the gateways and the installed peer routers
-    (``args.peer_pythons``: target -> venv interpreter); yield target name -> (port, pid)."""
+    (``args.peer_pythons``: target -> venv interpreter); yield target name -> (port, pid), and
+    the pids of the processes every target uses (``redis-server``, ``stub``)."""
     procs = Processes(workdir)
     py = sys.executable
     try:
@@ -215,8 +226,8 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
                                             f"http://127.0.0.1:{stub_ports[0]}"], stdout_pipe=True)
             targets["bare-w2"], pids["bare-w2"] = _json_line(bare2)["port"], bare2.pid
         redis_port = free_port()
-        procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind",
-                              "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)])
+        redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
+                                      "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)])
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         gateways = [("memory", None, None), ("redis", redis_url, None)]
         gateways += [("relay", None, None)] if "relay" in args.targets else []
@@ -253,7 +264,8 @@ def servers(args: argparse.Namespace, workdir: Path) -> Iterator[dict[str, tuple
             wait_ready(targets[name], "/ready", procs, name)
         for name in args.peer_pythons:
             wait_ready(targets[name], READINESS_PATH, procs, name)
-        yield {t: (p, pids[t]) for t, p in targets.items() if t in args.targets or "@" in t}
+        yield ({t: (p, pids[t]) for t, p in targets.items() if t in args.targets or "@" in t},
+               {"redis-server": redis.pid, "stub": stub.pid})
     finally:
         procs.stop()
 
@@ -309,8 +321,17 @@ def cpu_s(pid: int) -> float:
     return total
 
 
-def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], workdir: Path) -> list[dict]:
-    """Every cell, target after target; returns one row per (cell, target)."""
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's children that have ended and been waited for
+    (during a cell: its load generator, the only child that ends then)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], helpers: dict[str, int],
+            workdir: Path) -> list[dict]:
+    """Every cell, target after target; returns one row per (cell, target). ``helpers``: name ->
+    pid of the processes every target uses, whose CPU per request each row also records."""
     rows = []
     for size in args.sizes:
         for stream in args.streams if size == "8k" or not args.quick else [False]:  # --quick: streams at 8k
@@ -320,14 +341,21 @@ def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], workd
                 names = list(targets)
                 runs: dict[str, list[dict]] = {t: [] for t in names}
                 cpu_ms: dict[str, list[float]] = {t: [] for t in names}
+                helper_ms: dict[str, list[dict[str, float]]] = {t: [] for t in names}
                 decision: dict[str, list[float]] = {t: [] for t in names}
                 for r in range(args.rounds):
                     for t in names[r % len(names):] + names[: r % len(names)]:
                         port, pid = targets[t]
                         before = histograms(port) if is_gateway(t) else None
+                        # the stub is itself the target "direct": counted once, as the target
+                        helpers_before = {h: cpu_s(p) for h, p in helpers.items() if p != pid}
+                        loadgen_before = children_cpu_s()
                         cpu_before = cpu_s(pid)
                         run = run_load(port, bodies_file, concurrency, args.cell_s)
-                        cpu_ms[t].append((cpu_s(pid) - cpu_before) * 1e3 / (run["completed"] + run["warmup"]))
+                        n = run["completed"] + run["warmup"]
+                        cpu_ms[t].append((cpu_s(pid) - cpu_before) * 1e3 / n)
+                        used = {h: (cpu_s(helpers[h]) - before) * 1e3 / n for h, before in helpers_before.items()}
+                        helper_ms[t].append({**used, "loadgen": (children_cpu_s() - loadgen_before) * 1e3 / n})
                         runs[t].append(run)
                         if before is not None:
                             p50 = bucket_p50_ms(histograms(port).get("decision", {}), before.get("decision"))
@@ -340,8 +368,12 @@ def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], workd
                                  "p50_ms": statistics.median(lat), "p99_ms": pct(lat, 0.99),
                                  "rps": statistics.median(run["completed"] / run["elapsed_s"] for run in runs[t]),
                                  "cpu_ms_per_request": statistics.median(cpu_ms[t]),
+                                 "helper_cpu_ms_per_request": {h: statistics.median(r[h] for r in helper_ms[t])
+                                                               for h in helper_ms[t][0]},
                                  "decision_p50_ms": statistics.median(decision[t]) if decision[t] else None})
                 derive(rows[-len(names):])
+                for row in rows[-len(names):]:
+                    cpu_arithmetic(row, args.cores)
                 for row in rows[-len(names):]:
                     print(row_line(row), file=sys.stderr, flush=True)
     return rows
@@ -368,6 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.streams = [False, True]
     args.concurrency = [1, 32]
     args.peer_pythons, args.peers_skipped, args.peer_commands = {}, {}, {}
+    args.cores = len(os.sched_getaffinity(0))  # the cores this run's processes may use
     return args
 
 
@@ -381,8 +414,8 @@ def main(argv: list[str] | None = None) -> None:
     args.peer_pythons, args.peers_skipped = install_peers(args.targets, venvs_root())
     args.targets = [t for t in args.targets if t not in args.peers_skipped]
     print("| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS), file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="kappa-overhead-") as tmp, servers(args, Path(tmp)) as targets:
-        rows = measure(args, targets, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="kappa-overhead-") as tmp, servers(args, Path(tmp)) as (targets, helpers):
+        rows = measure(args, targets, helpers, Path(tmp))
         final = {t: histograms(port) for t, (port, _) in targets.items() if is_gateway(t)}
     report["peers"] = {t: {"package": PEER_ROUTERS[t].package, "version": PEER_ROUTERS[t].version,
                            "policy": PEER_ROUTERS[t].policy, "command": cmd} for t, cmd in args.peer_commands.items()}

@@ -64,6 +64,48 @@ def derive(cell: list[dict]) -> None:
             row["throughput_ratio_vs_one_worker"] = row["rps"] / by[one]["rps"]
 
 
+def target_processes(target: str) -> int | None:
+    """Event-loop processes a target runs: 2 for the ``-w2`` targets, none counted for the peer
+    routers (Rust, threads), else 1."""
+    if target in PEER_ROUTERS:
+        return None
+    return 2 if target.endswith("-w2") else 1
+
+
+def cpu_arithmetic(row: dict, cores: int) -> None:
+    """The CPU arithmetic of a row's ceiling, added to it: ``machine_cpu_ms_per_request`` (the
+    target's CPU per request + its helpers': Redis, stub, load generator), ``cpu_ceiling_rps`` =
+    ``cores`` / that (every process of the run shares the cores), ``process_ceiling_rps`` = the
+    target's processes / its own CPU per request (a process runs on one core at most; None for
+    the peers), ``ceiling_rps`` = the lower of the two. Rows without helpers' CPU are left alone."""
+    helpers = row.get("helper_cpu_ms_per_request")
+    if not helpers:
+        return
+    own = row["cpu_ms_per_request"]
+    row["machine_cpu_ms_per_request"] = machine = own + sum(helpers.values())
+    row["cpu_ceiling_rps"] = cores * 1e3 / machine
+    processes = target_processes(row["target"])
+    row["process_ceiling_rps"] = None if processes is None else processes * 1e3 / own
+    row["ceiling_rps"] = min(x for x in (row["cpu_ceiling_rps"], row["process_ceiling_rps"]) if x is not None)
+
+
+def ceiling_notes(rows: list[dict]) -> list[str]:
+    """One line per target of the c = 32, 8k, non-streamed cell: its CPU per request and every
+    helper's, the ceilings they set and the req/s measured against the lower one."""
+    lines = []
+    for r in rows:
+        if (r["size"], r["concurrency"], r["stream"]) != ("8k", 32, False) or "ceiling_rps" not in r:
+            continue
+        helpers = " + ".join(f"{name} {_fmt(ms)}" for name, ms in r["helper_cpu_ms_per_request"].items())
+        process = r["process_ceiling_rps"]
+        bound = ("" if process is None else
+                 f"; its {target_processes(r['target'])} process(es) alone: ≤ {_fmt(process)} req/s")
+        lines.append(f"- CPU ms/request, {r['target']}: target {_fmt(r['cpu_ms_per_request'])} + {helpers} = "
+                     f"{_fmt(r['machine_cpu_ms_per_request'])} → all cores: ≤ {_fmt(r['cpu_ceiling_rps'])} req/s"
+                     f"{bound}; measured {_fmt(r['rps'])} ({_fmt(r['rps'] / r['ceiling_rps'])} of the lower)")
+    return lines
+
+
 COLUMNS = ("size", "stream", "concurrency", "target", "p50_ms", "p99_ms", "rps", "added_p50_ms_vs_direct",
            "added_p99_ms_vs_direct", "added_p50_ms_vs_bare", "added_p99_ms_vs_bare", "throughput_ratio_vs_bare",
            "cpu_ms_per_request", "cpu_ratio_vs_bare", "decision_p50_ms", "errors")
@@ -107,13 +149,18 @@ def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -
             out[f"index_errors_{target}"] = final[target].get("index_errors", {})
     for target in ("redis-w2", "bare-w2"):
         out[f"throughput_ratio_vs_one_worker_{target}"] = cell("8k", 32, target).get("throughput_ratio_vs_one_worker")
+        one, two = cell("8k", 32, target.removesuffix("-w2")), cell("8k", 32, target)
+        if one.get("ceiling_rps") and two.get("ceiling_rps"):  # what the CPU arithmetic allows 2 workers
+            out[f"ceiling_ratio_vs_one_worker_{target}"] = two["ceiling_rps"] / one["ceiling_rps"]
     sglang = cell("8k", 32, SGLANG_CACHE_AWARE)
     for target in GATEWAYS:  # issue 14: the gateway's req/s over sglang-router cache_aware's, same cell
         if sglang and cell("8k", 32, target):
             out[f"throughput_ratio_vs_sglang_router_{target}"] = cell("8k", 32, target)["rps"] / sglang["rps"]
-    for row in rows:  # each target's CPU per request at c = 32, 8k, not streamed
+    for row in rows:  # each target's CPU per request at c = 32, 8k, not streamed, and the ceilings it sets
         if (row["size"], row["concurrency"], row["stream"]) == ("8k", 32, False):
             out[f"cpu_ms_per_request_{row['target']}"] = row["cpu_ms_per_request"]
+            for key in ("machine_cpu_ms_per_request", "cpu_ceiling_rps", "process_ceiling_rps", "ceiling_rps"):
+                out[f"{key}_{row['target']}"] = row.get(key)
     out = {k: v for k, v in out.items() if v is not None}
     verdict = {}
     for key, (op, limit) in BUDGET.items():
@@ -158,7 +205,9 @@ def side_by_side_table(report: dict) -> str:
                      f"{_fmt(e['added_p50_ms_vs_bare_c1'])} | {e['errors']} |")
     ratios = {k: v for k, v in report.items() if k.startswith("throughput_ratio_vs_") and not k.endswith("_stream")
               and "one_worker" not in k}
-    return "\n".join(lines + [""] + [f"- `{k}`: {_fmt(v)}" for k, v in ratios.items()])
+    workers = [f"- `{k}`: {_fmt(v)}" for k, v in report.items() if k.startswith("ceiling_ratio_vs_one_worker_")]
+    return "\n".join(lines + [""] + [f"- `{k}`: {_fmt(v)}" for k, v in ratios.items()] + ceiling_notes(report["rows"])
+                     + workers)
 
 
 def main(argv: list[str] | None = None) -> None:

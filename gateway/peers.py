@@ -6,19 +6,25 @@ in-flight count, KV demand and queued prefill seconds, and κ routing would pile
 backends the others already loaded (measured in the simulator: ``bench/replicas.py``,
 ``--replica-state local`` vs ``synced``). So, through the Redis the index already uses:
 
-- a replica writes its own per-backend totals to its hash ``P:{peers}:r:<replica id>`` with a
-  lease (``PEXPIRE``) whenever a ticket changes them while it knows of another replica (one
-  write per event-loop turn, however many changed: `changed`), and every ``sync_interval_s``
-  (default 50 ms) off the request path, when it also renews its membership in
-  ``P:{peers}:members`` and re-reads the member list (a replica alone writes only then: a new
-  one reads figures at most that old, and is seen within that interval);
-- every routing decision reads the other members' hashes (`refresh`, one pipelined round trip
-  that the dispatcher awaits together with the index match, so a decision costs no extra
-  latency; concurrent decisions share one read) and sets each backend ledger's ``peer_*``
-  figures to their sum (`dispatch.Ledger`). Measured in the simulator (``bench/replicas.py``),
-  reading at each decision matters: Mooncake's bursts arrive within the same millisecond, and
-  a 50 ms-old view let two replicas pile a burst onto one backend (κ p90 1.21× one gateway's
-  at N = 2, against 0.97× when read per decision);
+- a replica keeps its per-backend totals in its hash ``P:{peers}:r:<replica id>`` (field:
+  backend id, value: in-flight requests, KV demand bytes, outstanding prefill seconds) under a
+  lease (``PEXPIRE``). Every ``sync_interval_s`` (default 50 ms), off the request path, it
+  writes all of them, renews the lease and its membership in ``P:{peers}:members`` and
+  re-reads the member list (a replica alone writes only then: a new one reads figures at most
+  that old, and is seen within that interval);
+- once it knows another replica, a ticket that changes its figures (`_changed`) has them
+  written at once: by the exchange that starts then, or, if one is in flight, by the next,
+  which starts as soon as that one ends (one exchange in flight at a time: changes meanwhile
+  coalesce into the next). An exchange writes only the backends whose figures differ from
+  the ones last written;
+- every routing decision reads the other members' hashes (`refresh`, awaited by the
+  dispatcher together with the index match, so a decision costs no extra latency): it starts
+  an exchange, or joins the one in flight (concurrent decisions share one read), and the
+  exchange sets each backend ledger's ``peer_*`` figures to the others' sums
+  (`dispatch.Ledger`). Measured in the simulator (``bench/replicas.py``), reading at each
+  decision matters: Mooncake's bursts arrive within the same millisecond, and a 50 ms-old
+  view let two replicas pile a burst onto one backend (κ p90 1.21× one gateway's at N = 2,
+  against 0.97× when read per decision);
 - a replica that stops (crash, kill -9) stops renewing its lease: its hash expires and its
   charges vanish from the others' view within ``lease_s``; readers drop expired members;
 - the chains of requests in flight reach the other replicas through the index itself: with
@@ -26,24 +32,39 @@ backends the others already loaded (measured in the simulator: ``bench/replicas.
   (`gateway.attempts`), so another replica routes a question about a document whose prefill
   is still running to where it runs.
 
+An exchange is one Redis command whatever it carries (``EXCHANGE_LUA``, by EVALSHA: HSET of
+the changed fields + PEXPIRE, then HGETALL of each other member; the periodic one adds SADD +
+SMEMBERS), because the client's CPU per command, not Redis's, is what the exchange costs: a
+redis-py call took ~110–170 µs of a worker's CPU on the 2-core bench machine, and before this
+design (a pipeline for each loop turn with a change, another for each read) the exchange was
+~9.5% of a ``serve --workers 2`` worker's CPU (py-spy; ~0.55 Redis calls per request at
+c = 32, 8k tokens, ``bench/overhead.py``'s ``redis-w2``), now ~4.5% (~0.22 calls per request,
+the periodic ones included). The lease needs the PEXPIRE with
+every write: a bare HSET on an expired hash would leave a key without TTL that outlives its
+replica. A write of a few fields on a hash that expired while its replica lived (no write
+for a whole lease) holds only those fields until the next periodic write (≤ ``sync_interval_s``).
+
 Consistency: eventual. A replica sees the others' load as of their last write — about one
-round trip old — and its own exactly. A decision waits for the read at most the index's
-``timeout_s`` (it runs beside the match, which takes as long); a read that fails or is late
-leaves the last figures in place. Redis trouble leaves them in place until their lease would
-have run out, then zeroes them (each replica falls back to its own view); failures are
-counted in ``gateway_peer_sync_errors_total``. The ``{peers}`` hash tag keeps every key of the
-exchange in one Redis Cluster slot, so each pipeline goes to one shard
+round trip old, two when a write waited for the exchange in flight — and its own exactly. A
+decision waits for the read at most the index's ``timeout_s``, counted from the first decision
+that waited on the same exchange (it runs beside the match, which takes as long); a read that
+fails or is late leaves the last figures in place, and decisions go on with them at once until
+that exchange ends. Redis trouble leaves them in place until their lease would have run
+out, then zeroes them (each replica falls back to its own view); failures are counted in
+``gateway_peer_sync_errors_total``. The ``{peers}`` hash tag keeps every key of the exchange
+in one Redis Cluster slot, so each exchange goes to one shard
 (``tests/integration/test_redis_cluster.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio as redis
 from redis.asyncio.cluster import RedisCluster
@@ -55,6 +76,29 @@ log = logging.getLogger("kappa_gateway.peers")
 
 DEFAULT_SYNC_INTERVAL_S = 0.05
 LEASE_INTERVALS = 20  # a replica's figures outlive it by this many sync intervals (1 s by default)
+EXCHANGE_TIMEOUT_S = 1.0  # one exchange, at most (the lane is blocked meanwhile; decisions wait less)
+HSET_CHUNK_FIELDS = 1000  # fields per HSET in the script (Lua's unpack has a stack limit of ~8000 values)
+
+# KEYS[1]: this replica's hash; KEYS[2]: the members set; KEYS[3..]: the other members' hashes.
+# ARGV[1]: the lease, ms; ARGV[2]: this replica's id to renew its membership and return the member
+# list, or ''; ARGV[3..]: backend id, packed figures, ... (the fields to write; none for a read).
+# Returns {{HGETALL of KEYS[3], HGETALL of KEYS[4], ...}, SMEMBERS of KEYS[2] or {}}.
+EXCHANGE_LUA = f"""
+if #ARGV > 2 then
+  for i = 3, #ARGV, {2 * HSET_CHUNK_FIELDS} do
+    redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + {2 * HSET_CHUNK_FIELDS - 1}, #ARGV)))
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+local members = {{}}
+if ARGV[2] ~= '' then
+  redis.call('SADD', KEYS[2], ARGV[2])
+  members = redis.call('SMEMBERS', KEYS[2])
+end
+local tables = {{}}
+for i = 3, #KEYS do tables[i - 2] = redis.call('HGETALL', KEYS[i]) end
+return {{tables, members}}
+"""
 
 
 def replica_id() -> str:
@@ -67,6 +111,10 @@ def _pack(target: Target) -> str:
     return f"{ledger.in_flight} {ledger.kv_demand_bytes:.0f} {ledger.outstanding_prefill_s:.6f}"
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class PeerLoad:
     """The exchange (module docstring). Owns nothing but its Redis client.
 
@@ -75,10 +123,10 @@ class PeerLoad:
             Sentinel set's master) or ``RedisCluster`` (`prefix_index.redis_connect`).
         key_prefix: the index's key prefix.
         targets: this replica's backends (their ledgers are read and their ``peer_*`` set).
-        sync_interval_s: seconds between exchanges, > 0.
+        sync_interval_s: seconds between periodic exchanges, > 0.
         read_timeout_s: the longest a decision waits for the others' figures (the index's timeout).
         on_sync: called after each periodic exchange with the replicas seen (itself included).
-        on_error: called once per failed write, read or exchange.
+        on_error: called once per failed exchange.
     """
 
     def __init__(self, client: redis.Redis | RedisCluster, key_prefix: str, targets: Sequence[Target], *,
@@ -86,73 +134,173 @@ class PeerLoad:
                  on_sync: Callable[[int], None] | None = None, on_error: Callable[[], None] | None = None) -> None:
         self.client, self.targets = client, list(targets)
         self.read_timeout_s = read_timeout_s
-        self._others: list[str] = []  # the other members, as of the last membership read
-        self._reading: asyncio.Future[None] | None = None
-        self._publish_pending = False
+        self._script = client.register_script(EXCHANGE_LUA)
         self.errors = 0
         self.id = replica_id()
         self.interval_s = sync_interval_s
         self.lease_ms = max(int(sync_interval_s * LEASE_INTERVALS * 1000), 1000)
         self.members_key = f"{key_prefix}:{{peers}}:members"
         self._prefix = f"{key_prefix}:{{peers}}:r:"
+        self._own_key = self._prefix + self.id
         self.replicas_seen = 1
         self._on_sync, self._on_error = on_sync, on_error
-        self._publishing: set[asyncio.Future[None]] = set()
+        self._others: list[str] = []  # the other members, as of the last membership read
+        self._dirty: set[int] = set()  # indexes of the targets whose ledgers changed since the last exchange began
+        self._sent: dict[str, str] = {}  # backend id -> figures last written (emptied when a write may have failed)
+        self._exchange: asyncio.Task[None] | None = None  # the one in flight
+        self._waiters: list[asyncio.Future[None]] = []  # decisions waiting for it
+        self._late = False  # it is past read_timeout_s: decisions go on with the last figures
+        self._late_timer: asyncio.TimerHandle | None = None
+        self._sync_due: asyncio.Future[None] | None = None  # `sync` asked: the next exchange is a periodic one
+        self._done: asyncio.Future[None] | None = None  # a finished future, for decisions that need no read
         self._last_ok_s: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
     def start(self) -> None:
-        for t in self.targets:
-            t.ledger.on_change = self.changed
+        for i, t in enumerate(self.targets):
+            t.ledger.on_change = functools.partial(self._changed, i)
         self._task = asyncio.create_task(self._run(), name="gateway-peer-load")
 
     # -- on the request path ------------------------------------------------------------------
-    def changed(self) -> None:
-        """A ticket changed this replica's figures: publish them at the end of this loop turn —
-        if another replica is there to read them. Alone, the periodic `sync` keeps them fresh
-        (within ``sync_interval_s``) for one that joins, and no request pays for a write."""
-        if not self._others:
+    def _changed(self, i: int) -> None:
+        """A ticket changed target ``i``'s figures: have them written now, or by the next
+        exchange if one is in flight — if another replica is there to read them. Alone, the
+        periodic `sync` keeps them fresh (within ``sync_interval_s``) for one that joins, and
+        no request pays for a write."""
+        self._dirty.add(i)
+        if self._others and self._exchange is None and not self._stopped:
+            self._begin()
+
+    def refresh(self) -> Awaitable[None]:
+        """The other replicas' figures, read now: a future that resolves once the exchange in
+        flight (or one started now) has set ``peer_*``, or ``read_timeout_s`` after the first
+        decision began to wait on that exchange, whichever is first (a late or failed read leaves
+        the last figures). Never fails; one future per call, so a caller that is cancelled cancels
+        nobody else's wait."""
+        if not self._others or self._stopped or self._late:
+            return self._finished()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        if self._exchange is None:
+            self._begin()
+        if self._late_timer is None:
+            self._late_timer = loop.call_later(self.read_timeout_s, self._give_up_waiting)
+        return waiter
+
+    def _finished(self) -> asyncio.Future[None]:
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+            self._done.set_result(None)
+        return self._done
+
+    def _give_up_waiting(self) -> None:
+        self._late_timer = None
+        self._late = True  # until the exchange in flight ends
+        self._release()
+
+    def _release(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- the exchange -------------------------------------------------------------------------
+    def _begin(self) -> None:
+        self._exchange = asyncio.ensure_future(self._exchange_once())
+        self._exchange.add_done_callback(self._exchange_done)
+
+    def _exchange_done(self, task: asyncio.Task[None]) -> None:
+        self._exchange = None
+        if self._late_timer is not None:
+            self._late_timer.cancel()
+            self._late_timer = None
+        self._late = False
+        self._release()
+        if self._stopped:
             return
-        if not self._publish_pending:
-            self._publish_pending = True
-            asyncio.get_running_loop().call_soon(self._publish_now)
+        if self._sync_due is not None or (self._others and self._dirty):
+            self._begin()
 
-    def _publish_now(self) -> None:
-        self._publish_pending = False
-        task = asyncio.ensure_future(self._publish())
-        self._publishing.add(task)
-        task.add_done_callback(self._publish_done)
-
-    async def _publish(self) -> None:
-        key = self._prefix + self.id
-        async with asyncio.timeout(1.0):
-            await self.client.pipeline(transaction=False).hset(
-                key, mapping={t.id: _pack(t) for t in self.targets}).pexpire(key, self.lease_ms).execute()
-
-    def _publish_done(self, task: asyncio.Future[None]) -> None:
-        self._publishing.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._failed(task.exception())
-
-    async def refresh(self) -> None:
-        """Read the other replicas' figures now (concurrent callers share one read); never raises,
-        waits at most ``read_timeout_s`` (a late or failed read leaves the last figures)."""
-        if not self._others:
-            return
-        if self._reading is None:
-            self._reading = asyncio.ensure_future(self._read(list(self._others)))
-            self._reading.add_done_callback(self._read_done)
+    async def _exchange_once(self) -> None:
+        """One exchange (module docstring): takes what is due when it runs, so the changes and
+        decisions of the loop turn that started it ride along. Never raises but CancelledError: a
+        periodic exchange's failure goes to `sync`'s caller, any other's is counted here."""
+        sync, self._sync_due = self._sync_due, None
+        if sync is not None:
+            fields = {t.id: _pack(t) for t in self.targets}
+        else:
+            fields = {}
+            for i in self._dirty:
+                target = self.targets[i]
+                packed = _pack(target)
+                if self._sent.get(target.id) != packed:
+                    fields[target.id] = packed
+        self._dirty.clear()
+        if sync is None and not fields and not self._waiters:
+            return  # back where it was written last, and nobody waits for a read
+        self._sent.update(fields)
         try:
-            async with asyncio.timeout(self.read_timeout_s):
-                await asyncio.shield(self._reading)
-        except Exception:  # noqa: BLE001 -- never the request's failure; counted once, by _read_done
-            pass
+            async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
+                await self._call(fields, renew=sync is not None)
+        except Exception as exc:  # noqa: BLE001 -- Redis trouble never fails a request; counted, figures kept
+            self._sent.clear()  # what landed is unknown: the next write carries every figure
+            if sync is None:
+                self._failed(exc)
+            elif not sync.done():
+                sync.set_exception(exc)
+            return
+        if sync is not None and not sync.done():
+            sync.set_result(None)
 
-    def _read_done(self, future: asyncio.Future[None]) -> None:
-        self._reading = None
-        if not future.cancelled() and future.exception() is not None:
-            self._failed(future.exception())
+    async def _call(self, fields: dict[str, str], *, renew: bool) -> None:
+        """Write ``fields``, read the others' hashes, set ``peer_*``; with ``renew``, also renew
+        the membership and take the member list (then read any member not read yet)."""
+        others = self._others
+        args: list[str | int] = [self.lease_ms, self.id if renew else ""]
+        for backend, packed in fields.items():
+            args += (backend, packed)
+        keys = [self._own_key, self.members_key, *(self._prefix + m for m in others)]
+        tables, members = await self._script(keys=keys, args=args)
+        if renew:
+            listed = sorted(_text(m) for m in members if _text(m) != self.id)
+            new = [m for m in listed if m not in others]
+            if new:  # joined since the last membership read: read them too, before the figures are set
+                more, _ = await self._script(keys=[self._own_key, self.members_key,
+                                                   *(self._prefix + m for m in new)], args=[self.lease_ms, ""])
+                others, tables = others + new, list(tables) + list(more)
+            gone_from_list = set(others) - set(listed)
+            if gone_from_list:
+                kept = [(m, t) for m, t in zip(others, tables, strict=True) if m not in gone_from_list]
+                others, tables = [m for m, _ in kept], [t for _, t in kept]
+        await self._apply(others, tables)
+
+    async def _apply(self, others: list[str], tables: list) -> None:
+        """Set ``peer_*`` to the sums of ``others``' figures; drop members whose lease ran out."""
+        sums: dict[str, list[float]] = {t.id: [0, 0.0, 0.0] for t in self.targets}
+        gone = []
+        for member, table in zip(others, tables, strict=True):
+            if not table:
+                gone.append(member)
+                continue
+            for j in range(0, len(table), 2):  # HGETALL's flat reply: field, value, field, value, ...
+                row = sums.get(_text(table[j]))
+                if row is None:
+                    continue  # a backend this replica's config does not have
+                figures = _text(table[j + 1]).split()
+                row[0] += float(figures[0])
+                row[1] += float(figures[1])
+                row[2] += float(figures[2])
+        for t in self.targets:
+            in_flight, kv, prefill = sums[t.id]
+            t.ledger.peer_in_flight = int(in_flight)
+            t.ledger.peer_kv_demand_bytes = kv
+            t.ledger.peer_outstanding_prefill_s = prefill
+        self._others = [m for m in others if m not in gone]
+        self.replicas_seen = 1 + len(self._others)
+        if gone:
+            await self.client.srem(self.members_key, *gone)
 
     def _failed(self, exc: BaseException | None) -> None:
         self.errors += 1
@@ -161,18 +309,22 @@ class PeerLoad:
         log.debug("peer load exchange failed: %r", exc)
 
     async def stop(self) -> None:
-        """Stop exchanging and withdraw this replica's figures (a clean stop needs no lease to run out)."""
+        """Stop exchanging and withdraw this replica's figures (a clean stop needs no lease to
+        run out); an exchange in flight ends first, so nothing it writes lands after the withdrawal."""
         for t in self.targets:
             t.ledger.on_change = None
         self._stopped = True  # ends the loop even if a cancel is lost (the loop checks it each turn)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._exchange is not None:
+            await asyncio.wait([self._exchange], timeout=EXCHANGE_TIMEOUT_S)
+        self._release()
         try:
             async with asyncio.timeout(1.0):
                 # UNLINK as a raw command: a cluster pipeline's unlink() is a coroutine, not a queued command.
                 await self.client.pipeline(transaction=False).execute_command(
-                    "UNLINK", self._prefix + self.id).srem(self.members_key, self.id).execute()
+                    "UNLINK", self._own_key).srem(self.members_key, self.id).execute()
         except (RedisError, OSError, TimeoutError):
             pass  # the lease ends it
 
@@ -196,45 +348,15 @@ class PeerLoad:
             await asyncio.sleep(max(self.interval_s - (loop.time() - started), 0.0))
 
     async def sync(self) -> None:
-        """The periodic exchange: publish ours, renew membership, read the member list and the
-        others' figures, set ``peer_*`` (raises RedisError)."""
-        own = {t.id: _pack(t) for t in self.targets}
-        key = self._prefix + self.id
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(key, mapping=own).pexpire(key, self.lease_ms).sadd(self.members_key, self.id)
-        pipe.smembers(self.members_key)
-        *_, members = await pipe.execute()
-        others = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
-        self._others = [m for m in others if m != self.id]
-        await self._read(self._others)
-
-    async def _read(self, others: list[str]) -> None:
-        """Read ``others``' figures and set ``peer_*``; drop members whose lease ran out."""
-        pipe = self.client.pipeline(transaction=False)
-        for member in others:
-            pipe.hgetall(self._prefix + member)
-        tables = await pipe.execute() if others else []
-        sums: dict[str, list[float]] = {t.id: [0, 0.0, 0.0] for t in self.targets}
-        gone = []
-        for member, table in zip(others, tables, strict=True):
-            if not table:
-                gone.append(member)
-                continue
-            for backend, packed in table.items():
-                row = sums.get(backend.decode() if isinstance(backend, bytes) else backend)
-                if row is None:
-                    continue  # a backend this replica's config does not have
-                for i, value in enumerate((packed.decode() if isinstance(packed, bytes) else packed).split()):
-                    row[i] += float(value)
-        if gone:
-            self._others = [m for m in self._others if m not in gone]
-            await self.client.srem(self.members_key, *gone)
-        for t in self.targets:
-            in_flight, kv, prefill = sums[t.id]
-            t.ledger.peer_in_flight = int(in_flight)
-            t.ledger.peer_kv_demand_bytes = kv
-            t.ledger.peer_outstanding_prefill_s = prefill
-        self.replicas_seen = 1 + len(others) - len(gone)
+        """The periodic exchange, by the next exchange to start: write all of this replica's
+        figures, renew its lease and membership, read the member list and the others' figures,
+        set ``peer_*`` (raises RedisError, OSError or TimeoutError)."""
+        if self._sync_due is None:
+            self._sync_due = asyncio.get_running_loop().create_future()
+        due = self._sync_due
+        if self._exchange is None:
+            self._begin()
+        await due  # one caller (the loop): its timeout may cancel it, which the exchange then leaves alone
 
     def _clear(self) -> None:
         for t in self.targets:

@@ -1,8 +1,21 @@
-"""``serve --workers N``: N gateway processes on one listening socket, each a full replica.
+"""``serve --workers N``: N gateway processes on one port, each a full replica.
 
-The parent binds the socket once and starts N worker processes (``multiprocessing``'s spawn
-context, the socket passed to each, as uvicorn's own supervisor does); the kernel spreads
-connections over the workers accepting on it. Each worker is a whole gateway
+The parent binds the port and starts N worker processes (``multiprocessing``'s spawn context,
+each passed its listening socket, as uvicorn's own supervisor passes its one). On Linux each
+worker has a socket of its own, all bound with ``SO_REUSEPORT``: the kernel spreads new
+connections evenly over them (socket(7): "improved load distribution as compared to ...
+multiple threads that compete to accept(2) from the same socket"). Competing on one shared
+socket, as before, the worker that woke first took every connection waiting (uvloop accepts
+until none is left): the 32 connections of the overhead bench's load generator split 1:31,
+3:29, even 0:32, one worker saturated its core while the other idled (``bench/overhead.py``
+``redis-w2``). The port is first bound without ``SO_REUSEPORT`` (and let go), so that a port in
+use fails the start, rather than joining another server's group. Each socket stays open in the
+parent: a replacement worker takes over its predecessor's, and the connections the kernel put
+in that socket's queue meanwhile wait for it, its start-up (none is refused). The price: a
+worker whose event loop hangs keeps getting its share of new connections, which wait (on a
+shared socket the others would have taken them); the outlier detection of a load balancer in
+front, or the worker's end, ends that. Elsewhere than Linux, one shared socket.
+Each worker is a whole gateway
 (`gateway.server.GatewayServer`): its own event loop, backend health checks and ledgers.
 With a Redis index the workers share the prefix index and exchange their load
 (`gateway.peers`) like replicas on separate machines; with the embedded memory index each
@@ -19,7 +32,16 @@ parent then stops them all). The parent exits 0 when every worker exited 0 after
 Metrics: ``/metrics`` on any worker reports the sum over all of them, through
 prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a fresh directory the
 parent makes and removes; each gauge declares how workers' values combine,
-`gateway.telemetry`). A dead worker's live gauges are dropped (``mark_process_dead``).
+`gateway.telemetry`). A dead worker's live gauges are dropped (``mark_process_dead``). In that
+mode every ``inc``/``set``/``observe`` first asks prometheus-client whether the process forked
+(``MmapedValue.__check_for_pid_change`` calls ``os.getpid()``, a system call, each time: ~5% of a
+worker's CPU under load, py-spy). A worker is spawned, never forks after it made its metrics,
+and its pid cannot change, so it reads its pid once, before any metric exists
+(`metrics_pid_read_once`), through prometheus-client's own hook for this:
+``prometheus_client.values.MultiProcessValue(process_identifier=...)`` (prometheus-client
+0.26 ``values.py``; its contract: distinct values in processes running at the same time, which
+the pid is). The files stay ``<type>_<pid>.db``, so the parent's ``mark_process_dead(pid)`` and
+the collector work as before.
 """
 
 from __future__ import annotations
@@ -32,6 +54,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from multiprocessing.connection import wait
@@ -46,15 +69,49 @@ WAIT_POLL_S = 0.5
 STOP_MARGIN_S = 5.0  # past a worker's drain + grace + tail margin, before the supervisor kills it
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket the workers share (uvicorn's backlog: 2048)."""
+REUSE_PORT = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")  # Linux spreads connections over the group
+
+
+def _listener(host: str, port: int, *, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
+
+
+def bind(host: str, port: int, count: int = 1) -> list[socket.socket]:
+    """The listening sockets of ``count`` workers on ``host:port`` (uvicorn's backlog: 2048): one
+    each with ``SO_REUSEPORT`` on Linux, else one socket for all (``count`` times the same).
+    Port 0: the port the first bind got, for all.
+
+    Raises:
+        OSError: the port cannot be bound (in use, not a local address, ...).
+    """
+    plain = _listener(host, port, reuse_port=False)  # fails if anyone holds the port, SO_REUSEPORT or not
+    if not REUSE_PORT or count == 1:
+        socks = [plain] * count
+    else:
+        port = plain.getsockname()[1]
+        plain.close()
+        socks = []
+        try:
+            for _ in range(count):
+                socks.append(_listener(host, port, reuse_port=True))
+        except OSError:
+            for sock in socks:
+                sock.close()
+            raise
+    for sock in set(socks):
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    return socks
 
 
 def _die_with_parent() -> None:
@@ -64,9 +121,23 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent's forwarded signals still stop the workers
 
 
+def metrics_pid_read_once() -> None:
+    """Make the metrics this process creates from now on name it by the pid it has now, read
+    once, instead of calling ``os.getpid()`` at every update (module docstring). Only for a
+    process that will not fork, called before it creates any metric; a no-op outside
+    prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` unset)."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return
+    from prometheus_client import values
+
+    pid = os.getpid()
+    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)
+
+
 def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One worker: the gateway of ``config`` on the inherited socket (runs in a spawned process);
     sets ``ready`` once it serves."""
+    metrics_pid_read_once()  # before create_app makes the metrics
     os.setpgrp()
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <worker>` dumps its threads' stacks to stderr
@@ -109,7 +180,7 @@ class Supervisor:
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.signals = 0
-        self.sock: socket.socket | None = None
+        self.socks: list[socket.socket] = []  # worker i listens on socks[i]
         self.ready: dict[int | None, Event] = {}
         self.stop_bound_s = stop_bound_s
         self.first_signal_s: float | None = None
@@ -120,7 +191,7 @@ class Supervisor:
         """Serve until stopped; the exit status (0: every worker stopped cleanly; 3: the port
         could not be bound, as uvicorn exits on a start-up failure)."""
         try:
-            self.sock = bind(self.args[1], self.args[2])
+            self.socks = bind(self.args[1], self.args[2], self.n)
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", self.args[1], self.args[2], exc.strerror or exc)
             return 3
@@ -132,18 +203,20 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         try:
-            self.procs = [self._start() for _ in range(self.n)]
+            self.procs = [self._start(i) for i in range(self.n)]
             log.info("serving on %s:%d with %d workers (pids %s)", self.args[1], self.args[2], self.n,
                      ", ".join(str(p.pid) for p in self.procs))
             return self._watch()
         finally:
-            self.sock.close()
+            for sock in set(self.socks):
+                sock.close()
             if own_dir:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
 
-    def _start(self) -> multiprocessing.process.BaseProcess:
+    def _start(self, i: int) -> multiprocessing.process.BaseProcess:
+        """Worker ``i``, on ``socks[i]``."""
         ready = self.ctx.Event()
-        proc = self.ctx.Process(target=self.target, args=(*self.args, self.sock, ready), name="kappa-gateway-worker")
+        proc = self.ctx.Process(target=self.target, args=(*self.args, self.socks[i], ready), name="kappa-gateway-worker")
         proc.start()
         self.ready[proc.pid] = ready
         return proc
@@ -183,7 +256,7 @@ class Supervisor:
                     self._forward(signal.SIGTERM, None)
                     continue
                 log.error("worker %s exited with status %s: starting another", proc.pid, proc.exitcode)
-                self.procs[i] = self._start()
+                self.procs[i] = self._start(i)
         codes = [p.exitcode for p in self.procs]
         if failed or any(code != 0 for code in codes):
             log.warning("workers exited with statuses %s", codes)

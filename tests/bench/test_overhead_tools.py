@@ -113,8 +113,10 @@ def test_load_generator_completes_every_request(bench, stub_and_proxy: tuple[int
     port = stub_and_proxy[0] if via == "direct" else stub_and_proxy[1]
     spec = {"port": port, "path": overhead.CHAT_PATH, "bodies_file": str(bodies_file), "concurrency": 4,
             "requests": 40, "warmup": 8, "max_s": READY_TIMEOUT_S, "out_file": str(tmp_path / "result.json")}
+    loadgen_before = overhead.children_cpu_s()
     subprocess.run([sys.executable, str(BENCH_DIR / "loadgen.py"), json.dumps(spec)], capture_output=True,
                    timeout=2 * READY_TIMEOUT_S, check=True)
+    assert overhead.children_cpu_s() > loadgen_before  # the bench's account of the load generator's CPU
     result = json.loads((tmp_path / "result.json").read_text())
     assert (result["completed"], result["errors"], result["statuses"]) == (40, 0, {"200": 40})
     assert len(result["latencies_s"]) == 40
@@ -193,3 +195,37 @@ def test_summary_compares_the_gateway_with_sglang_router_and_the_table_lists_eve
     assert [line.split(" ")[1] for line in lines[2:8]] == [r["target"] for r in rows]
     assert lines[6] == "| sglang-cache (sglang-router 0.3.2, cache_aware) | 2100 | 1.05 | 0.476 | -0.095 | 0 |"
     assert "- `throughput_ratio_vs_sglang_router_redis`: 0.714" in lines
+
+
+def test_the_cpu_arithmetic_names_the_ceiling_of_each_target(bench) -> None:
+    """Issue 15: the machine's CPU per request (target + Redis + stub + load generator) bounds
+    every target on these shared cores; one process is also bounded by its one core."""
+    _, report = bench
+    helpers = {"redis-server": 0.25, "stub": 0.11, "loadgen": 0.08}
+
+    def row(target: str, rps: float, cpu_ms: float) -> dict:
+        return {"size": "8k", "stream": False, "concurrency": 32, "target": target, "rps": rps, "p50_ms": 27.0,
+                "p99_ms": 40.0, "cpu_ms_per_request": cpu_ms, "errors": 0, "decision_p50_ms": None,
+                "helper_cpu_ms_per_request": dict(helpers)}
+
+    one, two, peer = row("redis", 1170, 0.84), row("redis-w2", 1270, 1.05), row("sglang-cache", 2000, 0.3)
+    for r in (one, two, peer):
+        report.cpu_arithmetic(r, cores=2)
+    assert one["machine_cpu_ms_per_request"] == pytest.approx(1.28)
+    assert one["cpu_ceiling_rps"] == pytest.approx(2000 / 1.28)
+    assert one["process_ceiling_rps"] == pytest.approx(1000 / 0.84)  # one event loop: one core
+    assert one["ceiling_rps"] == one["process_ceiling_rps"]
+    assert two["process_ceiling_rps"] == pytest.approx(2000 / 1.05)
+    assert two["ceiling_rps"] == pytest.approx(2000 / 1.49)  # the machine, not the two workers
+    assert peer["process_ceiling_rps"] is None and peer["ceiling_rps"] == peer["cpu_ceiling_rps"]
+    report.derive([one, two])
+    out = report.summary([one, two], final={})
+    assert out["ceiling_ratio_vs_one_worker_redis-w2"] == pytest.approx((2000 / 1.49) / (1000 / 0.84))
+    assert out["machine_cpu_ms_per_request_redis-w2"] == pytest.approx(1.49)
+    notes = report.side_by_side_table({"rows": [one, two], **out}).splitlines()
+    assert ("- CPU ms/request, redis-w2: target 1.05 + redis-server 0.250 + stub 0.110 + loadgen 0.080 = 1.49 "
+            "→ all cores: ≤ 1342 req/s; its 2 process(es) alone: ≤ 1905 req/s; measured 1270 (0.946 of the lower)"
+            ) in notes
+    assert "- `ceiling_ratio_vs_one_worker_redis-w2`: 1.13" in notes
+    report.cpu_arithmetic(old := row("bare", 2000, 0.3) | {"helper_cpu_ms_per_request": None}, cores=2)
+    assert "ceiling_rps" not in old  # a run from before this record: no arithmetic, no notes

@@ -23,6 +23,9 @@ SPEC = BackendSpec(model=CATALOG.model("llama-3.1-8b"), hardware=CATALOG.hw("h10
 class _NoRedis:
     """Just enough of a client for `stop`'s withdrawal to fail quietly."""
 
+    def register_script(self, script: str) -> None:
+        return None
+
     def pipeline(self, transaction: bool = False) -> "_NoRedis":
         raise OSError("no Redis here")
 

@@ -1,0 +1,137 @@
+"""What one load exchange with the other replicas costs and keeps (`gateway.peers`).
+
+Two real `PeerLoad`s on a real redis-server of this test (SIGSTOPped where a test needs Redis
+to be slow), real ledgers changed by real tickets. Round trips are counted where they happen:
+each command or pipeline redis-py sends on A's connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import pytest
+import redis.asyncio as redis
+from redis.asyncio.connection import Connection
+
+from dispatch import Target, Ticket
+from fleet_config.catalog import default_catalog
+from gateway.peers import PeerLoad
+from router.cost import BackendSpec
+from tests.support.redis_server import frozen, redis_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(60)]
+
+CATALOG = default_catalog()
+SPEC = BackendSpec(model=CATALOG.model("llama-3.1-8b"), hardware=CATALOG.hw("h100-sxm"))
+BACKENDS = ("b0", "b1", "b2")
+QUIET_S = 30.0  # the periodic exchange runs once at start, then not within a test
+
+
+class CountingConnection(Connection):
+    """redis-py's own connection, counting what it sends: one per command or pipeline."""
+
+    sends = 0
+
+    async def send_packed_command(self, command, check_health: bool = True) -> None:  # type: ignore[no-untyped-def]
+        CountingConnection.sends += 1
+        await super().send_packed_command(command, check_health)
+
+
+@pytest.fixture()
+def server() -> Iterator[tuple[str, object]]:
+    with redis_process() as (url, proc):
+        yield url, proc
+
+
+@asynccontextmanager
+async def replica(url: str, *, counted: bool = False, read_timeout_s: float = 0.05) -> AsyncIterator[PeerLoad]:
+    pool = redis.ConnectionPool.from_url(url, socket_timeout=1.0,
+                                         **({"connection_class": CountingConnection} if counted else {}))
+    client = redis.Redis(connection_pool=pool)
+    peers = PeerLoad(client, "kgtest", [Target(b, SPEC) for b in BACKENDS], sync_interval_s=QUIET_S,
+                     read_timeout_s=read_timeout_s)
+    peers.start()
+    try:
+        yield peers
+    finally:
+        await peers.stop()
+        await client.aclose()
+        await pool.aclose()
+
+
+async def met(a: PeerLoad, b: PeerLoad) -> None:
+    """Each knows the other (B's first exchange saw A; A's next one sees B)."""
+    deadline = time.monotonic() + 10
+    while a.replicas_seen != 2 or b.replicas_seen != 2:
+        assert time.monotonic() < deadline, "the replicas did not meet"
+        await a.sync()
+        await b.sync()
+
+
+async def test_changes_while_a_write_is_in_flight_go_in_one_next_write_and_arrive_in_order(server) -> None:
+    """Before, each loop turn with a change sent its own pipeline (20 here, all in flight at
+    once on 20 connections); now one exchange is in flight and the changes made meanwhile
+    coalesce into the next one."""
+    url, proc = server
+    async with replica(url, counted=True) as a, replica(url) as b:
+        await met(a, b)
+        ledger = a.targets[0].ledger
+        tickets = []
+        before = CountingConnection.sends
+        with frozen(proc):  # Redis answers nothing: the first write stays in flight
+            for _ in range(20):
+                tickets.append(Ticket(ledger, kv_bytes=1e6, prefill_s=0.01))
+                await asyncio.sleep(0)  # a loop turn per change
+                await asyncio.sleep(0)
+        deadline = time.monotonic() + 10
+        while True:  # until B reads A's last figures
+            await b.refresh()
+            if b.targets[0].ledger.peer_in_flight == 20:
+                break
+            assert time.monotonic() < deadline, f"B saw {b.targets[0].ledger.peer_in_flight} of A's 20"
+        assert CountingConnection.sends - before <= 3  # the write in flight, the one after it (+1 of slack)
+        assert b.targets[0].ledger.peer_kv_demand_bytes == 20e6
+        for ticket in tickets:
+            ticket.finish()
+        while b.targets[0].ledger.peer_in_flight != 0:
+            assert time.monotonic() < deadline, "B did not see A's requests end"
+            await b.refresh()
+
+
+async def test_a_decision_waits_at_most_the_read_timeout_when_redis_is_slow(server) -> None:
+    url, proc = server
+    async with replica(url, read_timeout_s=0.05) as a, replica(url) as b:
+        await met(a, b)
+        Ticket(b.targets[1].ledger, kv_bytes=0.0, prefill_s=0.0)
+        while a.targets[1].ledger.peer_in_flight != 1:
+            await a.refresh()
+        with frozen(proc):
+            started = time.monotonic()
+            await a.refresh()  # starts an exchange Redis does not answer
+            await a.refresh()  # that exchange is late: the last figures at once
+            waited_s = time.monotonic() - started
+        assert waited_s < 0.5  # the read timeout (0.05 s), not the exchange's 1 s
+        assert a.targets[1].ledger.peer_in_flight == 1  # the last figures stay
+
+
+async def test_a_write_of_the_changed_figures_keeps_the_lease(server) -> None:
+    """Only the changed backends' fields are written per change; the lease (PEXPIRE) comes with
+    every write, so a hash that expired under a live replica never comes back without a TTL."""
+    url, _ = server
+    async with replica(url) as a, replica(url) as b, redis.Redis.from_url(url) as admin:
+        await met(a, b)
+        key = f"kgtest:{{peers}}:r:{a.id}"
+        assert set(await admin.hkeys(key)) == {x.encode() for x in BACKENDS}
+        await admin.delete(key)  # as if A had written nothing for a whole lease
+        Ticket(a.targets[2].ledger, kv_bytes=0.0, prefill_s=0.0)
+        deadline = time.monotonic() + 10
+        while not await admin.exists(key):
+            assert time.monotonic() < deadline, "A's change was not written"
+            await asyncio.sleep(0.01)  # polling Redis for A's write
+        assert await admin.hgetall(key) == {b"b2": b"1 0 0.000000"}
+        assert 0 < await admin.pttl(key) <= a.lease_ms
+        await a.sync()  # the periodic exchange writes every backend again
+        assert set(await admin.hkeys(key)) == {x.encode() for x in BACKENDS}
