@@ -11,7 +11,9 @@ until none is left): the 32 connections of the overhead bench's load generator s
 ``redis-w2``). The port is first bound without ``SO_REUSEPORT`` (and let go), so that a port in
 use fails the start, rather than joining another server's group. Each socket stays open in the
 parent: a replacement worker takes over its predecessor's, and the connections the kernel put
-in that socket's queue meanwhile wait for it, its start-up (none is refused). The price: a
+in that socket's queue meanwhile wait for it, its start-up (none is refused), until the parent
+is told to stop: then it closes its copies, so the port closes when the workers close theirs
+at the end of the drain and new connections are refused, as with one process. The price: a
 worker whose event loop hangs keeps getting its share of new connections, which wait (on a
 shared socket the others would have taken them); the outlier detection of a load balancer in
 front, or the worker's end, ends that. Elsewhere than Linux, one shared socket.
@@ -225,6 +227,12 @@ class Supervisor:
         self.signals += 1
         if self.first_signal_s is None:
             self.first_signal_s = time.monotonic()
+            # No worker is replaced from now on: the parent's copies of the listening sockets would
+            # only keep the port open after the workers close theirs at the end of the drain, and
+            # the kernel would queue new connections nobody accepts (clients hang until the last
+            # worker exits) where they should be refused, as with one process.
+            for sock in set(self.socks):
+                sock.close()
         for proc in self.procs:
             if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, sig)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,48 @@ def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url:
             parent.send_signal(signal.SIGTERM)
             assert parent.wait(timeout=60) == 0  # every worker drained and exited 0
             assert get_status(url, "/health") is None  # nothing listens any more
+        finally:
+            stop_processes([parent])
+            log.close()
+
+
+def test_after_the_drain_a_stopping_gateway_refuses_new_connections_while_a_stream_finishes(
+        redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    """Past the drain delay the port is closed, although a worker still relays a stream in its
+    grace period: a new connection is refused at once, as with one process. Before, the parent's
+    copies of the listening sockets kept the port open, and the kernel queued connections that
+    nobody accepted until the last worker exited."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    slow = Script(chunks=300, chunk_delay_s=0.05)  # a 15 s stream
+    with serve_in_thread(make_app(slow)) as upstream, redis_index(redis_url, key_prefix) as index:
+        config = tmp_path / "fleet.yaml"
+        config.write_text(yaml.safe_dump({"gateway": {"port": port, "shutdown_drain_delay_s": 0.5,
+                                                      "graceful_shutdown_timeout_s": 30, "health_interval_s": 0.2},
+                                          "index": index, "backends": [backend_doc("b0", upstream)]}))
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        log = (tmp_path / "serve.log").open("wb")
+        parent = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config), "--workers", "2",
+                                   "--log-level", "warning"], cwd=REPO_ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)
+        try:
+            poll(lambda: get_status(url, "/ready") == 200, "the workers to be ready", timeout_s=40)
+            with httpx.Client(timeout=30) as client, client.stream(
+                    "POST", f"{url}/v1/chat/completions", json={**BODY, "stream": True}) as resp:
+                chunks = resp.iter_raw()
+                assert next(chunks).startswith(b"data: ")
+                parent.send_signal(signal.SIGTERM)
+
+                def refused() -> bool:
+                    try:
+                        with socket.create_connection(("127.0.0.1", port), timeout=1):
+                            return False
+                    except ConnectionRefusedError:
+                        return True
+                poll(refused, "the port to refuse new connections after the drain", timeout_s=5)
+                assert parent.poll() is None  # the stream's worker is still in its grace period
+                assert b"".join(chunks).rstrip().endswith(b"data: [DONE]")  # and the stream ends whole
+            assert parent.wait(timeout=60) == 0
         finally:
             stop_processes([parent])
             log.close()
