@@ -9,7 +9,8 @@ A stream passes to the client as the backend sends it, complete SSE events at a 
   backend fails mid-stream (``upstream_error``, 502), stays silent past the idle timeout
   (``timeout_error``, 504, and the backend is ejected), or the shutdown grace period ends
   (``service_unavailable_error``, 503);
-- the client leaving (the upstream request is closed, so the backend aborts it).
+- the client leaving (the upstream request is closed, so the backend aborts it); after the
+  client took ``data: [DONE]`` its leaving is the end of a complete stream, counted ``ok``.
 
 A non-streamed body is read whole, each read bounded by the idle timeout, racing the client's
 disconnect and the end of the grace period.
@@ -73,11 +74,15 @@ class Relay:
             if out:
                 self.response_bytes += len(out)
                 yield out
+                if obs.done:
+                    outcome = "ok"  # as below: the client took [DONE]
             while True:
                 try:
                     async with asyncio.timeout(idle_s):
                         chunk = await resp.content.readany()
                 except _Stopped:
+                    if obs.done:  # complete: nothing to cut short
+                        break
                     outcome = "shutdown"
                     yield error_tail("The gateway is shutting down; the response was cut short.",
                                      ShuttingDown.error_type, ShuttingDown.status)
@@ -103,6 +108,11 @@ class Relay:
                 if out:
                     self.response_bytes += len(out)
                     yield out
+                    if obs.done:
+                        # The client took `data: [DONE]`: the stream is complete for it, whether the
+                        # backend's end or the client's leaving (a client library closes at [DONE])
+                        # comes first.
+                        outcome = "ok"
             outcome = "ok"
         finally:
             gw.streams.discard(self)
