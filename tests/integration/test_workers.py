@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.commands.processes import free_port, stop_processes
 from tests.integration.gateway_support import MOCK_MODEL, backend_doc, poll, redis_index
-from tests.reliability.relay_support import REPO_ROOT, get_status
+from tests.reliability.relay_support import REPO_ROOT, get_status, refused
 from tests.support.fake_upstream import Script, make_app
 from tests.support.uvicorn_thread import serve_in_thread
 
@@ -46,14 +47,17 @@ def worker_ids(url: str, n: int) -> set[str]:
     return ids
 
 
-def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url: str, key_prefix: str,
-                                                                     tmp_path: Path) -> None:
+@contextmanager
+def two_workers(script: Script, redis_url: str, key_prefix: str, tmp_path: Path,
+                **gateway: object) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``serve --workers 2`` on a Redis index in front of a fake upstream running ``script``, ready;
+    yields its URL and the parent process (stopped on the way out)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with serve_in_thread(make_app(Script())) as upstream, redis_index(redis_url, key_prefix) as index:
+    with serve_in_thread(make_app(script)) as upstream, redis_index(redis_url, key_prefix) as index:
         config = tmp_path / "fleet.yaml"
         config.write_text(yaml.safe_dump({"gateway": {"port": port, "shutdown_drain_delay_s": 0.5,
-                                                      "health_interval_s": 0.2},
+                                                      "health_interval_s": 0.2, **gateway},
                                           "index": index, "backends": [backend_doc("b0", upstream)]}))
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         log = (tmp_path / "serve.log").open("wb")
@@ -62,29 +66,35 @@ def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url:
                                   stderr=subprocess.STDOUT)
         try:
             poll(lambda: get_status(url, "/ready") == 200, "the workers to be ready", timeout_s=40)
-            poll(lambda: metric(url, "gateway_peer_replicas") == 2, "each worker to see the other", timeout_s=20)
-            for _ in range(20):
-                with httpx.Client(timeout=10) as fresh:  # a new connection each: both workers take some
-                    assert fresh.post(f"{url}/v1/chat/completions", json=BODY).status_code == 200
-            # Whichever worker answers /metrics, it reports every worker's requests.
-            for _ in range(4):
-                assert metric(url, "gateway_requests_total", status="ok") == 20
-            def both() -> set[str] | None:
-                found = worker_ids(url, 10)
-                return found if len(found) == 2 else None
-
-            ids = poll(both, "both workers to accept connections", timeout_s=30)
-            # A worker killed outright is replaced; the port keeps serving meanwhile.
-            victim = int(sorted(ids)[0].split("-")[-2])
-            os.kill(victim, signal.SIGKILL)
-            poll(lambda: len(worker_ids(url, 10) - ids) >= 1, "a replacement worker", timeout_s=40)
-            assert httpx.post(f"{url}/v1/chat/completions", json=BODY, timeout=10).status_code == 200
-            parent.send_signal(signal.SIGTERM)
-            assert parent.wait(timeout=60) == 0  # every worker drained and exited 0
-            assert get_status(url, "/health") is None  # nothing listens any more
+            yield url, parent
         finally:
             stop_processes([parent])
             log.close()
+
+
+def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url: str, key_prefix: str,
+                                                                     tmp_path: Path) -> None:
+    with two_workers(Script(), redis_url, key_prefix, tmp_path) as (url, parent):
+        poll(lambda: metric(url, "gateway_peer_replicas") == 2, "each worker to see the other", timeout_s=20)
+        for _ in range(20):
+            with httpx.Client(timeout=10) as fresh:  # a new connection each: both workers take some
+                assert fresh.post(f"{url}/v1/chat/completions", json=BODY).status_code == 200
+        # Whichever worker answers /metrics, it reports every worker's requests.
+        for _ in range(4):
+            assert metric(url, "gateway_requests_total", status="ok") == 20
+        def both() -> set[str] | None:
+            found = worker_ids(url, 10)
+            return found if len(found) == 2 else None
+
+        ids = poll(both, "both workers to accept connections", timeout_s=30)
+        # A worker killed outright is replaced; the port keeps serving meanwhile.
+        victim = int(sorted(ids)[0].split("-")[-2])
+        os.kill(victim, signal.SIGKILL)
+        poll(lambda: len(worker_ids(url, 10) - ids) >= 1, "a replacement worker", timeout_s=40)
+        assert httpx.post(f"{url}/v1/chat/completions", json=BODY, timeout=10).status_code == 200
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) == 0  # every worker drained and exited 0
+        assert get_status(url, "/health") is None  # nothing listens any more
 
 
 def test_after_the_drain_a_stopping_gateway_refuses_new_connections_while_a_stream_finishes(
@@ -93,40 +103,17 @@ def test_after_the_drain_a_stopping_gateway_refuses_new_connections_while_a_stre
     grace period: a new connection is refused at once, as with one process. Before, the parent's
     copies of the listening sockets kept the port open, and the kernel queued connections that
     nobody accepted until the last worker exited."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     slow = Script(chunks=300, chunk_delay_s=0.05)  # a 15 s stream
-    with serve_in_thread(make_app(slow)) as upstream, redis_index(redis_url, key_prefix) as index:
-        config = tmp_path / "fleet.yaml"
-        config.write_text(yaml.safe_dump({"gateway": {"port": port, "shutdown_drain_delay_s": 0.5,
-                                                      "graceful_shutdown_timeout_s": 30, "health_interval_s": 0.2},
-                                          "index": index, "backends": [backend_doc("b0", upstream)]}))
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-        log = (tmp_path / "serve.log").open("wb")
-        parent = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config), "--workers", "2",
-                                   "--log-level", "warning"], cwd=REPO_ROOT, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT)
-        try:
-            poll(lambda: get_status(url, "/ready") == 200, "the workers to be ready", timeout_s=40)
-            with httpx.Client(timeout=30) as client, client.stream(
-                    "POST", f"{url}/v1/chat/completions", json={**BODY, "stream": True}) as resp:
-                chunks = resp.iter_raw()
-                assert next(chunks).startswith(b"data: ")
-                parent.send_signal(signal.SIGTERM)
-
-                def refused() -> bool:
-                    try:
-                        with socket.create_connection(("127.0.0.1", port), timeout=1):
-                            return False
-                    except ConnectionRefusedError:
-                        return True
-                poll(refused, "the port to refuse new connections after the drain", timeout_s=5)
-                assert parent.poll() is None  # the stream's worker is still in its grace period
-                assert b"".join(chunks).rstrip().endswith(b"data: [DONE]")  # and the stream ends whole
-            assert parent.wait(timeout=60) == 0
-        finally:
-            stop_processes([parent])
-            log.close()
+    with two_workers(slow, redis_url, key_prefix, tmp_path, graceful_shutdown_timeout_s=30) as (url, parent):
+        with httpx.Client(timeout=30) as client, client.stream(
+                "POST", f"{url}/v1/chat/completions", json={**BODY, "stream": True}) as resp:
+            chunks = resp.iter_raw()
+            assert next(chunks).startswith(b"data: ")
+            parent.send_signal(signal.SIGTERM)
+            poll(lambda: refused(url), "the port to refuse new connections after the drain", timeout_s=5)
+            assert parent.poll() is None  # the stream's worker is still in its grace period
+            assert b"".join(chunks).rstrip().endswith(b"data: [DONE]")  # and the stream ends whole
+        assert parent.wait(timeout=60) == 0
 
 
 def test_workers_that_outlive_the_stop_bound_are_killed_and_the_exit_says_so() -> None:
