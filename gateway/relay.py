@@ -70,13 +70,17 @@ class Relay:
         outcome = "client_disconnect"
         gw.streams.add(self)
         try:
-            out = obs.feed(self.sent.first, gw.clock())
-            if out:
-                self.response_bytes += len(out)
-                yield out
-                if obs.done:
-                    outcome = "ok"  # as below: the client took [DONE]
+            chunk = self.sent.first
             while True:
+                out = obs.feed(chunk, gw.clock())
+                if out:
+                    self.response_bytes += len(out)
+                    yield out
+                    if obs.done:
+                        # The client took `data: [DONE]`: the stream is complete for it, whether the
+                        # backend's end or the client's leaving (a client library closes at [DONE])
+                        # comes first.
+                        outcome = "ok"
                 try:
                     async with asyncio.timeout(idle_s):
                         chunk = await resp.content.readany()
@@ -104,15 +108,6 @@ class Relay:
                         self.response_bytes += len(rest)
                         yield rest
                     break
-                out = obs.feed(chunk, gw.clock())
-                if out:
-                    self.response_bytes += len(out)
-                    yield out
-                    if obs.done:
-                        # The client took `data: [DONE]`: the stream is complete for it, whether the
-                        # backend's end or the client's leaving (a client library closes at [DONE])
-                        # comes first.
-                        outcome = "ok"
             outcome = "ok"
         finally:
             gw.streams.discard(self)

@@ -210,10 +210,14 @@ class Supervisor:
                      ", ".join(str(p.pid) for p in self.procs))
             return self._watch()
         finally:
-            for sock in set(self.socks):
-                sock.close()
+            self._close_sockets()
             if own_dir:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def _close_sockets(self) -> None:
+        """Close the parent's copies of the listening sockets (again is a no-op)."""
+        for sock in set(self.socks):
+            sock.close()
 
     def _start(self, i: int) -> multiprocessing.process.BaseProcess:
         """Worker ``i``, on ``socks[i]``."""
@@ -231,8 +235,7 @@ class Supervisor:
             # only keep the port open after the workers close theirs at the end of the drain, and
             # the kernel would queue new connections nobody accepts (clients hang until the last
             # worker exits) where they should be refused, as with one process.
-            for sock in set(self.socks):
-                sock.close()
+            self._close_sockets()
         for proc in self.procs:
             if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, sig)
