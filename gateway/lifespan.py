@@ -57,9 +57,12 @@ def make_index(settings: Settings, telemetry: Telemetry, clock: Callable[[], flo
 
 
 async def _refresh_gauges(telemetry: Telemetry) -> None:
-    while True:
+    try:
+        while True:
+            telemetry.refresh()
+            await asyncio.sleep(REFRESH_INTERVAL_S)
+    finally:  # the worker stops (after its drain): its last updates reach the files
         telemetry.refresh()
-        await asyncio.sleep(REFRESH_INTERVAL_S)
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -51,6 +51,8 @@ import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from gateway import metric_values
+
 # prometheus-client's multiprocess mode (``serve --workers``): chosen by this variable at import,
 # as prometheus-client itself decides. Gauges then combine over workers by their
 # ``multiprocess_mode`` (livesum: loads add up; mostrecent: the last value any worker wrote).
@@ -227,9 +229,11 @@ class Telemetry:
             child.set_function(value)
 
     def refresh(self) -> None:
-        """Write the callback gauges' values (multiprocess mode; a no-op otherwise)."""
+        """Write the callback gauges' values and flush the write-behind ones to their files
+        (multiprocess mode, `gateway.metric_values`; a no-op otherwise)."""
         for child, value in self._functions:
             child.set(value())
+        metric_values.flush()
 
     def exposition(self) -> bytes:
         """The ``/metrics`` page: this registry, or with ``serve --workers`` every worker's

@@ -43,7 +43,9 @@ and its pid cannot change, so it reads its pid once, before any metric exists
 ``prometheus_client.values.MultiProcessValue(process_identifier=...)`` (prometheus-client
 0.26 ``values.py``; its contract: distinct values in processes running at the same time, which
 the pid is). The files stay ``<type>_<pid>.db``, so the parent's ``mark_process_dead(pid)`` and
-the collector work as before.
+the collector work as before. And a worker's values are written to those files about once a
+second, not at each update (`gateway.metric_values`): ``/metrics`` shows the other workers'
+values as of at most ~1 s ago, and a worker killed with SIGKILL loses its last second of counts.
 """
 
 from __future__ import annotations
@@ -125,15 +127,15 @@ def _die_with_parent() -> None:
 
 def metrics_pid_read_once() -> None:
     """Make the metrics this process creates from now on name it by the pid it has now, read
-    once, instead of calling ``os.getpid()`` at every update (module docstring). Only for a
-    process that will not fork, called before it creates any metric; a no-op outside
-    prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` unset)."""
+    once, instead of calling ``os.getpid()`` at every update, and write their files at
+    `gateway.metric_values.flush` (module docstring). Only for a process that will not fork,
+    called before it creates any metric; a no-op outside prometheus-client's multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR`` unset)."""
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         return
-    from prometheus_client import values
+    from gateway import metric_values
 
-    pid = os.getpid()
-    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)
+    metric_values.install(os.getpid())
 
 
 def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.socket, ready: Event) -> None:

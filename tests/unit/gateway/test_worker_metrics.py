@@ -1,4 +1,5 @@
-"""A ``serve --workers`` worker's metrics read its pid once, not at every update (`gateway.commands.workers`).
+"""A ``serve --workers`` worker's metrics read its pid once and write their files at a flush, not at
+every update (`gateway.commands.workers`, `gateway.metric_values`).
 
 prometheus-client's multiprocess mode asks ``os.getpid()`` at each ``inc``/``observe`` to notice a
 fork; a spawned worker never forks, so `metrics_pid_read_once` has it read the pid once. Two real
@@ -30,18 +31,28 @@ registry = CollectorRegistry()
 requests = Counter("requests", "r", registry=registry)
 e2e = Histogram("e2e_seconds", "e", buckets=(0.1, 1.0), registry=registry)
 in_flight = Gauge("in_flight", "i", multiprocess_mode="livesum", registry=registry)
-calls = 0
+calls = writes = 0
 def count(frame, event, arg):
-    global calls
+    global calls, writes
     if event == "c_call" and arg is os.getpid:
         calls += 1
+    elif event == "call" and frame.f_code.co_name == "write_value":
+        writes += 1
 sys.setprofile(count)
 for _ in range({UPDATES}):
     requests.inc()
     e2e.observe(0.5)
     in_flight.set(3)
 sys.setprofile(None)
-print(json.dumps({{"pid": os.getpid(), "getpid_calls": calls}}))
+updates_writes = writes
+if sys.argv[1] == "read-once":
+    from gateway import metric_values
+    sys.setprofile(count)
+    metric_values.flush()
+    metric_values.flush()  # nothing changed since: writes nothing
+    sys.setprofile(None)
+print(json.dumps({{"pid": os.getpid(), "getpid_calls": calls, "update_writes": updates_writes,
+                  "flush_writes": writes - updates_writes}}))
 """
 
 
@@ -52,12 +63,18 @@ def run_worker(mode: str, metrics_dir: Path) -> dict:
     return json.loads(done.stdout)
 
 
-def test_a_worker_reads_its_pid_once_and_the_workers_metrics_still_add_up(tmp_path: Path) -> None:
+def test_a_worker_reads_its_pid_once_writes_at_flush_and_the_workers_metrics_still_add_up(tmp_path: Path) -> None:
     default = run_worker("default", tmp_path)
     once = run_worker("read-once", tmp_path)
-    # Without it, every update of a counter, histogram (sum and bucket) and gauge asks the kernel.
+    # Without it, every update of a counter, histogram (sum and bucket) and gauge asks the kernel
+    # and writes its file ...
     assert default["getpid_calls"] >= 4 * UPDATES
+    assert default["update_writes"] == 4 * UPDATES
     assert once["getpid_calls"] == 0
+    # ... with it, the updates write nothing; the flush writes each updated value once: the
+    # counter, the histogram's sum and its one bucket hit, the gauge (gateway.metric_values).
+    assert once["update_writes"] == 0
+    assert once["flush_writes"] == 4
     # Each process's files still carry its own pid (what the supervisor's mark_process_dead names) ...
     for pid in (default["pid"], once["pid"]):
         assert (tmp_path / f"counter_{pid}.db").exists()
