@@ -24,7 +24,8 @@ One run, all on 127.0.0.1, side by side, every server its own process:
   (`bench/peer_routers.py`); a peer whose package cannot be installed is skipped with one
   line on stderr.
 
-Load comes from `bench/loadgen.py` in its own process: closed loop at concurrency 1 and
+Load comes from `bench/loadgen.py` in its own process (or, with ``--loadgen wrk``, from
+``wrk``: `bench/loadgen_wrk.py`, the same load for half the load generator's CPU): closed loop at concurrency 1 and
 32, chat bodies of 1k, 8k and 128k tokens (~4 bytes/token of text), 16 distinct prompts
 per size in 4 groups that share a system prompt of half the length, cycled, so the index
 matches and records real chains. Cells run target after target, in rotated order per
@@ -46,7 +47,7 @@ time is the p50 of the gateway's own ``gateway_routing_decision_seconds`` histog
 
     python bench/overhead.py [--quick] [--json] [--rounds N] [--cell-s S] [--sizes 8k,128k]
                              [--targets direct,bare,memory,redis,sglang-cache,sglang-rr,vllm-router]
-                             [--compare NAME=DIR ...]
+                             [--compare NAME=DIR ...] [--loadgen python|wrk]
 
 Full run: 3 rounds of 3 s per cell, JSON and SSE bodies at every size (~10 min).
 ``--quick``: 2 rounds of 1.5 s, SSE bodies only at 8k (~2 min). ``--json`` prints the
@@ -87,6 +88,7 @@ from overhead_report import (
     source_commit,
     summary,
 )
+import loadgen_wrk
 from peer_routers import PEER_ROUTERS, READINESS_PATH, install_peers, is_ready, venvs_root
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -296,7 +298,9 @@ def histograms(port: int) -> dict[str, dict[Any, float]]:
     return out
 
 
-def run_load(port: int, bodies_file: Path, concurrency: int, cell_s: float) -> dict:
+def run_load(port: int, bodies_file: Path, concurrency: int, cell_s: float, loadgen: str = "python") -> dict:
+    if loadgen == "wrk":
+        return loadgen_wrk.run(port, CHAT_PATH, bodies_file, concurrency, cell_s)
     out_file = bodies_file.with_suffix(".result.json")
     spec = {"port": port, "path": CHAT_PATH, "bodies_file": str(bodies_file), "concurrency": concurrency,
             "requests": MAX_REQUESTS, "warmup": max(PROMPTS_PER_SIZE, 2 * concurrency), "max_s": cell_s,
@@ -351,7 +355,7 @@ def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], helpe
                         helpers_before = {h: cpu_s(p) for h, p in helpers.items() if p != pid}
                         loadgen_before = children_cpu_s()
                         cpu_before = cpu_s(pid)
-                        run = run_load(port, bodies_file, concurrency, args.cell_s)
+                        run = run_load(port, bodies_file, concurrency, args.cell_s, args.loadgen)
                         n = run["completed"] + run["warmup"]
                         cpu_ms[t].append((cpu_s(pid) - cpu_before) * 1e3 / n)
                         used = {h: (cpu_s(helpers[h]) - before) * 1e3 / n for h, before in helpers_before.items()}
@@ -389,9 +393,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
                    help="comma list of the targets to load (add relay for the routing-free ceiling, "
                         "bare-w2,redis-w2 for two workers; peers that cannot be installed are skipped)")
+    p.add_argument("--loadgen", choices=("python", "wrk"), default="python",
+                   help="the load generator: bench/loadgen.py, or wrk (C; bench/loadgen_wrk.py), which takes "
+                        "half the CPU per request from the cores the servers share")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
                    help="also load a Redis gateway run from source tree DIR, as target redis@NAME")
     args = p.parse_args(argv)
+    if args.loadgen == "wrk" and not loadgen_wrk.available():
+        p.error("--loadgen wrk: wrk is not installed (apt-get install wrk)")
     args.compare = [tuple(c.split("=", 1)) for c in args.compare]
     args.targets = args.targets.split(",")
     args.sizes = args.sizes.split(",") if args.sizes else list(SIZES_TOKENS)
@@ -408,6 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.monotonic()
     report: dict[str, Any] = {"command": shlex.join(sys.orig_argv), "commit": source_commit(), "machine": machine(),
+                              "loadgen": args.loadgen,
                               # the build the gateways of this tree run (the -pure targets: their sources)
                               "hot_path": hot_path.describe()}
     print(f"$ {report['command']}  # at {report['commit']}\n{json.dumps(report['machine'])}", file=sys.stderr)

@@ -122,6 +122,41 @@ def test_load_generator_completes_every_request(bench, stub_and_proxy: tuple[int
     assert len(result["latencies_s"]) == 40
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_wrk_load_generator_completes_requests_and_counts_its_warmup(bench, stub_and_proxy: tuple[int, int],
+                                                                     tmp_path: Path, stream: bool) -> None:
+    import loadgen_wrk
+
+    if not loadgen_wrk.available():
+        pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it): "
+                    "the Python load generator is tested above")
+    overhead, _ = bench
+    bodies_file = tmp_path / "bodies.txt"
+    bodies_file.write_bytes(b"\n".join(overhead.make_bodies("1k", stream)))
+    loadgen_before = overhead.children_cpu_s()
+    result = overhead.run_load(stub_and_proxy[1], bodies_file, 4, 1.0, "wrk")
+    assert overhead.children_cpu_s() > loadgen_before  # wrk's CPU is the bench's loadgen CPU too
+    assert result["warmup"] > 0 and result["completed"] > 0
+    assert result["errors"] == 0 and result["statuses"] == {"2xx/3xx": result["completed"], "other": 0}
+    # one latency per measured request, from wrk's histogram, in seconds (a 1k body answers in ms);
+    # the histogram also holds the few answers that landed as wrk stopped, which its count omits
+    assert result["completed"] <= len(result["latencies_s"]) <= 1.02 * result["completed"] + 8
+    assert 0 < min(result["latencies_s"]) <= max(result["latencies_s"]) < 5.0
+    assert 0.5 < result["elapsed_s"] < 5.0
+
+
+def test_wrk_load_generator_counts_error_answers(bench, stub_and_proxy: tuple[int, int], tmp_path: Path) -> None:
+    import loadgen_wrk
+
+    if not loadgen_wrk.available():
+        pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
+    bodies_file = tmp_path / "bodies.txt"
+    bodies_file.write_bytes(b'{"model": "x"}')
+    result = loadgen_wrk.run(stub_and_proxy[0], "/no-such-path", bodies_file, 2, 1.0)
+    assert result["completed"] > 0
+    assert result["errors"] == result["statuses"]["other"] == result["completed"]  # every answer a 404
+
+
 def test_bare_proxy_relays_the_stream_unchanged(bench, stub_and_proxy: tuple[int, int]) -> None:
     import urllib.request
 
