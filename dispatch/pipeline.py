@@ -193,7 +193,10 @@ class Dispatcher:
         kv_pool = self.kv_pool_capacity(targets[0], model) if targets else None
         lookup = capacities if kv_pool is None else {**capacities, KV_POOL_ID: kv_pool}
         if self.peer_load is not None:
-            (matches, index_ok), _ = await self.gather(self._match(request, lookup), self.peer_load())
+            # The match first: with asyncio.gather its first step (which queues it for the
+            # index's batch of this loop turn) runs before the read's, so the read can ride
+            # in that batch (gateway.peers).
+            (matches, index_ok), _ = await self.gather(self._match(request, lookup), self._peer_read())
         else:
             matches, index_ok = await self._match(request, lookup)
         matches = self.pending.overlay(model, request.hashes, matches, lookup)
@@ -220,6 +223,10 @@ class Dispatcher:
             decision = decide(self.policy, features, views, self.rng)
             self.hooks.decided(self.clock() - start)
         return Plan(request, features, views, decision, {t.id: t for t in targets}, index_ok, self.forget_epoch)
+
+    async def _peer_read(self) -> None:
+        assert self.peer_load is not None
+        await self.peer_load()
 
     async def _match(self, request: RoutableRequest,
                      capacities: dict[str, TierCapacity]) -> tuple[dict[str, BlockMatch], bool]:

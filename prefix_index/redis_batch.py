@@ -16,6 +16,10 @@ were sent (their deadline passed) are dropped, so an overloaded Redis is not han
 nobody waits for. A match therefore sees every record that completed before it was
 issued, and maybe later ones.
 
+A batch can also carry a `Rider` (`Coalescer.carry`): the gateway replicas' load exchange
+(`gateway.peers`) then goes at the end of the turn's first batch, in the same EVALSHA, instead
+of as a command of its own (single Redis only).
+
 It is the DataLoader pattern (batch the loads issued in one tick); it plays the role of
 the pipelining LiteLLM's users asked for when per-request Redis round trips dominated
 under load (BerriAI/litellm#6483).
@@ -24,7 +28,7 @@ under load (BerriAI/litellm#6483).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +42,7 @@ from prefix_index.errors import IndexUnavailable
 from prefix_index.redis_lua import BATCH_LUA, match_spec_struct
 from prefix_index.redis_registry import Registry
 
-__all__ = ["RECORD_BLOCKS_PER_BATCH", "Coalescer"]
+__all__ = ["RECORD_BLOCKS_PER_BATCH", "Coalescer", "Rider"]
 
 # Blocks recorded per script call, at most (one record may exceed it alone): ZADD of 8,192
 # members takes Redis ~4 ms on this machine, the longest a match may wait behind it.
@@ -63,11 +67,33 @@ class _Match:
 
 
 @dataclass(slots=True)
+class Rider:
+    """A lease-hash exchange that rides in a batch (`Coalescer.carry`; ``redis_lua.BATCH_LUA``).
+
+    Attributes:
+        own_key: the hash written: ``HSET own_key *fields`` then ``PEXPIRE own_key lease_ms``
+            (neither when ``fields`` is empty).
+        fields: field, value, field, value, ... (strings).
+        lease_ms: the own hash's expiry, in milliseconds.
+        read_keys: the hashes read, each with HGETALL, after the write.
+        future: resolves to the HGETALL replies (flat field, value lists, empty for a missing
+            key), in ``read_keys``' order, or fails with ``IndexUnavailable`` as the batch does.
+    """
+
+    own_key: str
+    fields: list[str]
+    lease_ms: int
+    read_keys: list[str]
+    future: asyncio.Future
+
+
+@dataclass(slots=True)
 class _Batch:
     """The calls queued for one model."""
 
     records: list[_Record] = field(default_factory=list)
     matches: list[_Match] = field(default_factory=list)
+    rider: Rider | None = None
 
 
 class Coalescer:
@@ -85,6 +111,8 @@ class Coalescer:
     """
 
     def __init__(self, client: Redis | RedisCluster, timeout_s: float, key_ttl_s: int, registry: Registry) -> None:
+        self._cluster = isinstance(client, RedisCluster)
+        self._rider_source: Callable[[], Rider | None] | None = None
         self._script = client.register_script(BATCH_LUA)
         self._timeout_s = timeout_s
         self._key_ttl_s = key_ttl_s
@@ -113,6 +141,17 @@ class Coalescer:
         self._queue(clock_key).matches.append(_Match(future, blocks_keys, capacities, packed))
         return future
 
+    def carry(self, source: Callable[[], Rider | None]) -> bool:
+        """From now on, ask ``source`` for a `Rider` whenever a batch is sent, and send the one
+        it returns (if any) at the end of that batch: its write and reads cost no command of
+        their own. The first batch of each loop turn's flush asks. Only on a single Redis
+        (returns False and does nothing on a Redis Cluster, where the rider's keys are in
+        another slot than a model's)."""
+        if self._cluster:
+            return False
+        self._rider_source = source
+        return True
+
     async def aclose(self) -> None:
         """Wait for the batches in flight (each bounded by the timeout)."""
         while self._in_flight:
@@ -133,6 +172,7 @@ class Coalescer:
     def _flush(self) -> None:
         self._flush_scheduled = False
         loop = asyncio.get_running_loop()
+        rider_asked = False
         for clock_key in list(self._pending):
             waiting = self._pending[clock_key]
             batch = _Batch(matches=waiting.matches)
@@ -153,6 +193,9 @@ class Coalescer:
                 continue
             if batch.records:
                 self._busy.add(clock_key)
+            if self._rider_source is not None and not rider_asked:
+                rider_asked = True
+                batch.rider = self._rider_source()
             task = loop.create_task(self._send(clock_key, batch))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
@@ -170,7 +213,8 @@ class Coalescer:
         records = [r for r in batch.records if not r.future.done()]
         matches = [m for m in batch.matches if not m.future.done()]
         self.calls_abandoned += len(batch.records) + len(batch.matches) - len(records) - len(matches)
-        if not records and not matches:
+        rider = batch.rider
+        if not records and not matches and rider is None:
             return
         key_ids: dict[str, int] = {}  # blocks key -> KEYS index (KEYS[1] is the clock)
 
@@ -180,7 +224,7 @@ class Coalescer:
                 index = key_ids[key] = len(key_ids) + 2
             return index
 
-        args: list[Any] = [len(records), len(matches), self._key_ttl_s]
+        args: list[Any] = [len(records), len(matches), self._key_ttl_s, 0, 0]
         for r in records:
             args += (key_id(r.blocks_key), r.total_blocks, r.packed)
         for m in matches:
@@ -189,19 +233,26 @@ class Coalescer:
                 capacity = m.capacities[backend_id]
                 spec += (key_id(key), capacity.hbm_blocks, capacity.host_blocks)
             args += (match_spec_struct(len(m.blocks_keys)).pack(*spec), m.packed)
+        keys = [clock_key, *key_ids]
+        if rider is not None:
+            args[3:5] = (len(keys) + 1, rider.lease_ms)
+            keys += (rider.own_key, *rider.read_keys)
+            args += rider.fields
         self.batches_sent += 1
         self.calls_sent += len(records) + len(matches)
-        calls: list[_Record | _Match] = [*records, *matches]
+        calls: list[_Record | _Match | Rider] = [*records, *matches]
+        if rider is not None:
+            calls.append(rider)
         try:
             async with Deadline(self._timeout_s):
-                flat = await self._script(keys=[clock_key, *key_ids], args=args)
+                flat = await self._script(keys=keys, args=args)
                 due = [r.registration for r, existed in zip(records, flat) if self._registry.due(r.registration, not existed)]
                 if due:
                     await self._registry.add(due)
         except (TimeoutError, RedisError) as exc:
             what = f"took longer than {self._timeout_s} s" if isinstance(exc, TimeoutError) else \
                 f"failed: {type(exc).__name__}: {exc}"
-            ops = "record+match" if records and matches else "record" if records else "match"
+            ops = "+".join(op for op, queued in (("record", records), ("match", matches), ("rider", rider)) if queued)
             for call in calls:
                 if not call.future.done():
                     error = IndexUnavailable(f"redis {ops} {what}")
@@ -223,3 +274,5 @@ class Coalescer:
                 m.future.set_result({b: BlockMatch(matched, hbm, matched - hbm) for b, matched, hbm
                                      in zip(m.blocks_keys, flat[at:end:2], flat[at + 1:end:2])})
             at = end
+        if rider is not None and not rider.future.done():
+            rider.future.set_result(flat[at])

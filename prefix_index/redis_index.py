@@ -64,7 +64,7 @@ from redis.exceptions import RedisError
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, TierCapacity, check_hashes
 from prefix_index.deadline import Deadline
 from prefix_index.errors import IndexUnavailable
-from prefix_index.redis_batch import Coalescer
+from prefix_index.redis_batch import Coalescer, Rider
 from prefix_index.redis_connect import connect
 from prefix_index.redis_registry import Registry
 
@@ -255,6 +255,11 @@ class RedisPrefixIndex:
         future = self._coalescer.record(self._clock_key(model), self._blocks_key(model, backend_id), packed, capacity,
                                         (self._registry_key(backend_id), model))
         await self._await("record", future)
+
+    def carry(self, source: Callable[[], Rider | None]) -> bool:
+        """Let the index's batches carry a lease-hash exchange (`redis_batch.Coalescer.carry`):
+        False, and nothing changes, on a Redis Cluster."""
+        return self._coalescer.carry(source)
 
     async def forget(self, backend_id: str) -> None:
         """Drop every entry of ``backend_id``, for all models (two round trips; on a Redis

@@ -41,6 +41,10 @@ floor of a record that must re-score its chain). Hence:
   of the probes cannot change since "held below the limit" is monotone in depth. Most
   candidate backends do not hold a request's first block, and this order answers them in
   one probe. No EXISTS per backend: ZREVRANK on a missing key answers "not held" too.
+- **A rider can share the call**: a lease-hash exchange (write this replica's hash and renew
+  its lease, read the others'; `gateway.peers`) queued by `redis_batch.Coalescer.carry` goes
+  at the end of a batch instead of as a command of its own. Its keys have their own hash tag,
+  so only a single Redis (not a Cluster) carries one.
 - **Match capacities travel packed** (``MATCH_SPEC_FORMAT``: key index, HBM and host
   capacity per backend, read with the ``struct`` library Redis ships), instead of three
   ARGV strings per backend each parsed with ``tonumber``.
@@ -71,13 +75,16 @@ def match_spec_struct(n_backends: int) -> struct.Struct:
     return struct.Struct(">" + MATCH_SPEC_FORMAT * n_backends)
 
 
-# KEYS[1]: the model's clock key; KEYS[2..]: blocks keys (one per backend in the batch).
-# ARGV: n_records, n_matches, ttl (seconds, for EXPIRE), then per record: key index, total
+# KEYS[1]: the model's clock key; KEYS[2..]: blocks keys (one per backend in the batch); then,
+# with a rider, its own hash and the hashes it reads.
+# ARGV: n_records, n_matches, ttl (seconds, for EXPIRE), the rider's own hash's index in KEYS
+# (0: no rider), the rider's lease (ms, for PEXPIRE), then per record: key index, total
 # capacity, packed hashes (at most total); then per match: its spec (match_spec_struct:
-# key index, hbm, host per backend), packed hashes.
+# key index, hbm, host per backend), packed hashes; then the rider's field, value pairs.
 # Returns, flat: per record `existed` (0 when this record created the blocks key, so the
 # caller adds the model to the backend's registry set, which lives in another Cluster
-# slot); then per match and per backend: matched, hbm (host = matched - hbm).
+# slot); then per match and per backend: matched, hbm (host = matched - hbm); then, with a
+# rider, one element: the list of the read hashes' HGETALL replies.
 #
 # Record: depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1,
 # unless the chain already holds ranks 0..n-1 (see the module docstring); ZADD goes in
@@ -90,8 +97,9 @@ local clock = KEYS[1]
 local n_records = tonumber(ARGV[1])
 local n_matches = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
+local rider = tonumber(ARGV[4])
 local DIGITS = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
-local a = 4
+local a = 6
 local out, o = {}, 0
 
 -- ZADD key top 'block 0' top-1 'block 1' ... with the scores as decimal strings
@@ -182,7 +190,24 @@ for m = 1, n_matches do
     o = o + 2
   end
 end
+
+-- The rider (a lease-hash exchange): HSET its own hash with the remaining ARGV pairs and renew
+-- its lease, then HGETALL each hash after it in KEYS.
+if rider > 0 then
+  if a <= #ARGV then
+    for i = a, #ARGV, RIDER_CHUNK do
+      redis.call('HSET', KEYS[rider], unpack(ARGV, i, math.min(i + RIDER_CHUNK - 1, #ARGV)))
+    end
+    redis.call('PEXPIRE', KEYS[rider], ARGV[5])
+  end
+  local tables = {}
+  for k = rider + 1, #KEYS do tables[k - rider] = redis.call('HGETALL', KEYS[k]) end
+  out[o + 1] = tables
+end
 return out
 """
 _SPEC_ONE = struct.Struct(">" + MATCH_SPEC_FORMAT)
-BATCH_LUA = _SOURCE.replace("SPEC_FORMAT", repr(_SPEC_ONE.format)).replace("SPEC_BYTES", str(_SPEC_ONE.size))
+# ARGV values per HSET in the rider (pairs; Lua's unpack has a stack limit of ~8000 values).
+RIDER_CHUNK = 2000
+BATCH_LUA = (_SOURCE.replace("SPEC_FORMAT", repr(_SPEC_ONE.format)).replace("SPEC_BYTES", str(_SPEC_ONE.size))
+             .replace("RIDER_CHUNK", str(RIDER_CHUNK)))
