@@ -32,17 +32,8 @@ backends the others already loaded (measured in the simulator: ``bench/replicas.
   (`gateway.attempts`), so another replica routes a question about a document whose prefill
   is still running to where it runs.
 
-An exchange is one Redis command whatever it carries (``EXCHANGE_LUA``, by EVALSHA: HSET of
-the changed fields + PEXPIRE, then HGETALL of each other member; the periodic one adds SADD +
-SMEMBERS), because the client's CPU per command, not Redis's, is what the exchange costs: a
-redis-py call took ~110–170 µs of a worker's CPU on the 2-core bench machine, and before this
-design (a pipeline for each loop turn with a change, another for each read) the exchange was
-~9.5% of a ``serve --workers 2`` worker's CPU (py-spy; ~0.55 Redis calls per request at
-c = 32, 8k tokens, ``bench/overhead.py``'s ``redis-w2``), now ~4.5% (~0.22 calls per request,
-the periodic ones included). The lease needs the PEXPIRE with
-every write: a bare HSET on an expired hash would leave a key without TTL that outlives its
-replica. A write of a few fields on a hash that expired while its replica lived (no write
-for a whole lease) holds only those fields until the next periodic write (≤ ``sync_interval_s``).
+An exchange is one Redis command whatever it carries (`gateway.peer_figures`: the script, why
+one command, the lease).
 
 On a single Redis (not a Cluster, where these keys are in another slot than a model's), the
 request path's exchanges ride in the prefix index's batches (`ride_with`,
@@ -73,9 +64,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import secrets
-import socket
 from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio as redis
@@ -83,6 +71,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from dispatch import Target
+from gateway.peer_figures import EXCHANGE_LUA, pack_figures, replica_id, sum_figures, text
 from prefix_index.redis_batch import Rider
 
 log = logging.getLogger("kappa_gateway.peers")
@@ -93,44 +82,6 @@ EXCHANGE_TIMEOUT_S = 1.0  # one exchange, at most (the lane is blocked meanwhile
 # With the exchange carried by the index's batches, how long a change waits for one before it is
 # written alone: a gateway under load sends a batch every few hundred µs; an idle one writes 1 ms late.
 CARRY_WAIT_S = 0.001
-HSET_CHUNK_FIELDS = 1000  # fields per HSET in the script (Lua's unpack has a stack limit of ~8000 values)
-
-# KEYS[1]: this replica's hash; KEYS[2]: the members set; KEYS[3..]: the other members' hashes.
-# ARGV[1]: the lease, ms; ARGV[2]: this replica's id to renew its membership and return the member
-# list, or ''; ARGV[3..]: backend id, packed figures, ... (the fields to write; none for a read).
-# Returns {{HGETALL of KEYS[3], HGETALL of KEYS[4], ...}, SMEMBERS of KEYS[2] or {}}.
-EXCHANGE_LUA = f"""
-if #ARGV > 2 then
-  for i = 3, #ARGV, {2 * HSET_CHUNK_FIELDS} do
-    redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + {2 * HSET_CHUNK_FIELDS - 1}, #ARGV)))
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-local members = {{}}
-if ARGV[2] ~= '' then
-  redis.call('SADD', KEYS[2], ARGV[2])
-  members = redis.call('SMEMBERS', KEYS[2])
-end
-local tables = {{}}
-for i = 3, #KEYS do tables[i - 2] = redis.call('HGETALL', KEYS[i]) end
-return {{tables, members}}
-"""
-
-
-def replica_id() -> str:
-    """This process's id among the replicas: host, pid and a random suffix (a restarted pid differs)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def _pack(target: Target) -> str:
-    ledger = target.ledger
-    return f"{ledger.in_flight} {ledger.kv_demand_bytes:.0f} {ledger.outstanding_prefill_s:.6f}"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class PeerLoad:
     """The exchange (module docstring). Owns nothing but its Redis client.
 
@@ -333,12 +284,12 @@ class PeerLoad:
         """The figures to write: all of them (``sync``), else those of the changed targets that
         differ from the ones last written; the changes are taken."""
         if sync:
-            fields = {t.id: _pack(t) for t in self.targets}
+            fields = {t.id: pack_figures(t) for t in self.targets}
         else:
             fields = {}
             for i in self._dirty:
                 target = self.targets[i]
-                packed = _pack(target)
+                packed = pack_figures(target)
                 if self._sent.get(target.id) != packed:
                     fields[target.id] = packed
         self._dirty.clear()
@@ -354,7 +305,7 @@ class PeerLoad:
         keys = [self._own_key, self.members_key, *(self._prefix + m for m in others)]
         tables, members = await self._script(keys=keys, args=args)
         if renew:
-            listed = sorted(_text(m) for m in members if _text(m) != self.id)
+            listed = sorted(text(m) for m in members if text(m) != self.id)
             new = [m for m in listed if m not in others]
             if new:  # joined since the last membership read: read them too, before the figures are set
                 more, _ = await self._script(keys=[self._own_key, self.members_key,
@@ -382,20 +333,7 @@ class PeerLoad:
     def _set_figures(self, others: list[str], tables: list) -> list[str]:
         """Set ``peer_*`` to the sums of ``others``' figures (``tables``: their HGETALL replies,
         in order); return the members whose hash is gone (lease ran out), no longer read."""
-        sums: dict[str, list[float]] = {t.id: [0, 0.0, 0.0] for t in self.targets}
-        gone = []
-        for member, table in zip(others, tables, strict=True):
-            if not table:
-                gone.append(member)
-                continue
-            for j in range(0, len(table), 2):  # HGETALL's flat reply: field, value, field, value, ...
-                row = sums.get(_text(table[j]))
-                if row is None:
-                    continue  # a backend this replica's config does not have
-                figures = _text(table[j + 1]).split()
-                row[0] += float(figures[0])
-                row[1] += float(figures[1])
-                row[2] += float(figures[2])
+        sums, gone = sum_figures([t.id for t in self.targets], others, tables)
         for t in self.targets:
             in_flight, kv, prefill = sums[t.id]
             t.ledger.peer_in_flight = int(in_flight)

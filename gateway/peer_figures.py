@@ -1,0 +1,102 @@
+"""What replicas exchange through Redis (`gateway.peers`): the script, the figures' format, their sums.
+
+Each replica keeps, per backend of its config, three figures in its hash
+``<key_prefix>:{peers}:r:<replica id>`` (field: backend id): in-flight requests, KV demand bytes and
+outstanding prefill seconds, written as one space-separated string (`pack_figures`). A reader sums
+the others' figures per backend (`sum_figures`); a member whose hash is gone (its lease ran out)
+is reported so that the reader drops it.
+
+An exchange is one Redis command whatever it carries (``EXCHANGE_LUA``, by EVALSHA: HSET of
+the changed fields + PEXPIRE, then HGETALL of each other member; the periodic one adds SADD +
+SMEMBERS), because the client's CPU per command, not Redis's, is what the exchange costs: a
+redis-py call took ~110–170 µs of a worker's CPU on the 2-core bench machine, and before this
+design (a pipeline for each loop turn with a change, another for each read) the exchange was
+~9.5% of a ``serve --workers 2`` worker's CPU (py-spy; ~0.55 Redis calls per request at
+c = 32, 8k tokens, ``bench/overhead.py``'s ``redis-w2``), now ~4.5% (~0.22 calls per request,
+the periodic ones included). The lease needs the PEXPIRE with
+every write: a bare HSET on an expired hash would leave a key without TTL that outlives its
+replica. A write of a few fields on a hash that expired while its replica lived (no write
+for a whole lease) holds only those fields until the next periodic write (≤ ``sync_interval_s``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+from dispatch import Target
+
+HSET_CHUNK_FIELDS = 1000  # fields per HSET in the script (Lua's unpack has a stack limit of ~8000 values)
+
+# KEYS[1]: this replica's hash; KEYS[2]: the members set; KEYS[3..]: the other members' hashes.
+# ARGV[1]: the lease, ms; ARGV[2]: this replica's id to renew its membership and return the member
+# list, or ''; ARGV[3..]: backend id, packed figures, ... (the fields to write; none for a read).
+# Returns {{HGETALL of KEYS[3], HGETALL of KEYS[4], ...}, SMEMBERS of KEYS[2] or {}}.
+EXCHANGE_LUA = f"""
+if #ARGV > 2 then
+  for i = 3, #ARGV, {2 * HSET_CHUNK_FIELDS} do
+    redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + {2 * HSET_CHUNK_FIELDS - 1}, #ARGV)))
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+local members = {{}}
+if ARGV[2] ~= '' then
+  redis.call('SADD', KEYS[2], ARGV[2])
+  members = redis.call('SMEMBERS', KEYS[2])
+end
+local tables = {{}}
+for i = 3, #KEYS do tables[i - 2] = redis.call('HGETALL', KEYS[i]) end
+return {{tables, members}}
+"""
+
+
+def replica_id() -> str:
+    """This process's id among the replicas: host, pid and a random suffix (a restarted pid differs)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def pack_figures(target: Target) -> str:
+    """A backend's figures as this replica writes them: in-flight requests, KV demand bytes and
+    outstanding prefill seconds, space-separated."""
+    ledger = target.ledger
+    return f"{ledger.in_flight} {ledger.kv_demand_bytes:.0f} {ledger.outstanding_prefill_s:.6f}"
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply element as text, whether or not the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def sum_figures(backend_ids: list[str], others: list[str],
+                tables: list) -> tuple[dict[str, list[float]], list[str]]:
+    """Sum the ``others``' figures per backend.
+
+    Args:
+        backend_ids: this replica's backends (figures for any other backend id are ignored).
+        others: the members read, in order.
+        tables: their HGETALL replies, flat field, value lists, in ``others``' order; empty for
+            a member whose hash is gone.
+
+    Returns:
+        backend id -> [in-flight requests, KV demand bytes, outstanding prefill seconds] (zeros
+        where no other replica has any), and the members whose hash is gone.
+
+    Raises:
+        ValueError: ``tables`` does not match ``others``, or a figure is not a number.
+    """
+    sums: dict[str, list[float]] = {b: [0, 0.0, 0.0] for b in backend_ids}
+    gone = []
+    for member, table in zip(others, tables, strict=True):
+        if not table:
+            gone.append(member)
+            continue
+        for j in range(0, len(table), 2):  # HGETALL's flat reply: field, value, field, value, ...
+            row = sums.get(text(table[j]))
+            if row is None:
+                continue  # a backend this replica's config does not have
+            figures = text(table[j + 1]).split()
+            row[0] += float(figures[0])
+            row[1] += float(figures[1])
+            row[2] += float(figures[2])
+    return sums, gone
