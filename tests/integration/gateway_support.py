@@ -19,6 +19,7 @@ from gateway.server import uvicorn_options
 from fleet_config.catalog import default_catalog
 from gateway.commands.fleet import mock_fleet
 from gateway.commands.processes import free_port
+from gateway.peers import PeerLoad
 from fleet_config.settings import parse_settings
 from mock_vllm.app_factory import build_backend_app, standalone_settings
 from tests.support.fake_upstream import Script, make_app
@@ -123,3 +124,12 @@ def redis_index(url: str, key_prefix: str, timeout_s: float = 1.0) -> Iterator[d
             keys = list(client.scan_iter(match=f"{key_prefix}:*"))
             if keys:
                 client.delete(*keys)
+
+
+async def replicas_met(a: PeerLoad, b: PeerLoad) -> None:
+    """Two `PeerLoad`s know each other (B's first exchange saw A; A's next one sees B)."""
+    deadline = time.monotonic() + 10
+    while a.replicas_seen != 2 or b.replicas_seen != 2:
+        assert time.monotonic() < deadline, "the replicas did not meet"
+        await a.sync()
+        await b.sync()

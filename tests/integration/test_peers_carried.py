@@ -22,6 +22,7 @@ from fleet_config.catalog import default_catalog
 from gateway.peers import CARRY_WAIT_S, PeerLoad
 from prefix_index import RedisPrefixIndex, TierCapacity
 from router.cost import BackendSpec
+from tests.integration.gateway_support import replicas_met
 from tests.support.redis_server import frozen, redis_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(60)]
@@ -91,14 +92,6 @@ async def replica(url: str, *, carried: bool,
                 await index.aclose()
 
 
-async def met(a: PeerLoad, b: PeerLoad) -> None:
-    deadline = time.monotonic() + 10
-    while a.replicas_seen != 2 or b.replicas_seen != 2:
-        assert time.monotonic() < deadline, "the replicas did not meet"
-        await a.sync()
-        await b.sync()
-
-
 async def decide(peers: PeerLoad, index: RedisPrefixIndex) -> None:
     """What `dispatch.Dispatcher.plan` awaits with a gateway's asyncio.gather: the match, then the read."""
 
@@ -119,7 +112,7 @@ async def test_a_decisions_read_and_its_turns_changes_ride_in_the_batch_of_its_m
     url, _ = server
     async with replica(url, carried=True) as (a, index), replica(url, carried=False) as (b, _):
         assert index is not None
-        await met(a, b)
+        await replicas_met(a, b)
         Ticket(b.targets[0].ledger, kv_bytes=2e6, prefill_s=0.5)  # B writes alone
 
         async def a_sees_b() -> bool:
@@ -147,7 +140,7 @@ async def test_a_decisions_read_and_its_turns_changes_ride_in_the_batch_of_its_m
 async def test_without_a_batch_a_read_goes_alone_in_its_turn_and_a_change_within_the_carry_wait(server) -> None:
     url, _ = server
     async with replica(url, carried=True) as (a, _), replica(url, carried=False) as (b, _):
-        await met(a, b)
+        await replicas_met(a, b)
         Ticket(b.targets[1].ledger, kv_bytes=0.0, prefill_s=0.0)
 
         async def a_sees_b() -> bool:
@@ -178,7 +171,7 @@ async def test_a_failed_batch_fails_its_rider_the_decision_goes_on_and_the_perio
     async with replica(url, carried=True, on_error=lambda: errors.append(1)) as (a, index), \
             replica(url, carried=False) as (b, _):  # A's errors: what telemetry's peer_sync_errors counts
         assert index is not None
-        await met(a, b)
+        await replicas_met(a, b)
         Ticket(a.targets[1].ledger, kv_bytes=1e6, prefill_s=0.0)
         with frozen(proc):  # the batch times out (the index's 50 ms): its rider with it
             started = time.monotonic()

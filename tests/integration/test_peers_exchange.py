@@ -20,6 +20,7 @@ from dispatch import Target, Ticket
 from fleet_config.catalog import default_catalog
 from gateway.peers import PeerLoad
 from router.cost import BackendSpec
+from tests.integration.gateway_support import replicas_met
 from tests.support.redis_server import frozen, redis_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(60)]
@@ -62,22 +63,13 @@ async def replica(url: str, *, counted: bool = False, read_timeout_s: float = 0.
         await pool.aclose()
 
 
-async def met(a: PeerLoad, b: PeerLoad) -> None:
-    """Each knows the other (B's first exchange saw A; A's next one sees B)."""
-    deadline = time.monotonic() + 10
-    while a.replicas_seen != 2 or b.replicas_seen != 2:
-        assert time.monotonic() < deadline, "the replicas did not meet"
-        await a.sync()
-        await b.sync()
-
-
 async def test_changes_while_a_write_is_in_flight_go_in_one_next_write_and_arrive_in_order(server) -> None:
     """Before, each loop turn with a change sent its own pipeline (20 here, all in flight at
     once on 20 connections); now one exchange is in flight and the changes made meanwhile
     coalesce into the next one."""
     url, proc = server
     async with replica(url, counted=True) as a, replica(url) as b:
-        await met(a, b)
+        await replicas_met(a, b)
         ledger = a.targets[0].ledger
         tickets = []
         before = CountingConnection.sends
@@ -104,7 +96,7 @@ async def test_changes_while_a_write_is_in_flight_go_in_one_next_write_and_arriv
 async def test_a_decision_waits_at_most_the_read_timeout_when_redis_is_slow(server) -> None:
     url, proc = server
     async with replica(url, read_timeout_s=0.05) as a, replica(url) as b:
-        await met(a, b)
+        await replicas_met(a, b)
         Ticket(b.targets[1].ledger, kv_bytes=0.0, prefill_s=0.0)
         while a.targets[1].ledger.peer_in_flight != 1:
             await a.refresh()
@@ -122,7 +114,7 @@ async def test_a_write_of_the_changed_figures_keeps_the_lease(server) -> None:
     every write, so a hash that expired under a live replica never comes back without a TTL."""
     url, _ = server
     async with replica(url) as a, replica(url) as b, redis.Redis.from_url(url) as admin:
-        await met(a, b)
+        await replicas_met(a, b)
         key = f"kgtest:{{peers}}:r:{a.id}"
         assert set(await admin.hkeys(key)) == {x.encode() for x in BACKENDS}
         await admin.delete(key)  # as if A had written nothing for a whole lease
