@@ -147,8 +147,10 @@ class Dispatcher:
         # index when sent, so index credit may be a prefill still running (own or a peer's).
         self.records_at_decision = False
         # Set by a gateway whose replicas share load: refreshes the targets' ``peer_*`` figures
-        # (`gateway.peers`), awaited together with the index match, so both cost one round trip.
+        # (`gateway.peers`), awaited together with the index match, so both cost one round trip;
+        # ``peer_read_due`` says whether there is anything to read (another replica is known).
         self.peer_load: Callable[[], Awaitable[None]] | None = None
+        self.peer_read_due: Callable[[], bool] = _always
         self.evidence = CachedTokensEvidence()  # answers' cached_tokens against the index's credit
         self.forget_epoch = 0  # forgets so far (backends and pool)
         self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
@@ -192,7 +194,7 @@ class Dispatcher:
         capacities = {t.id: self.capacity(t, model) for t in targets}
         kv_pool = self.kv_pool_capacity(targets[0], model) if targets else None
         lookup = capacities if kv_pool is None else {**capacities, KV_POOL_ID: kv_pool}
-        if self.peer_load is not None:
+        if self.peer_load is not None and self.peer_read_due():
             # The match first: with asyncio.gather its first step (which queues it for the
             # index's batch of this loop turn) runs before the read's, so the read can ride
             # in that batch (gateway.peers).
@@ -345,6 +347,10 @@ class Dispatcher:
 
 def _no_clock() -> float:
     return 0.0
+
+
+def _always() -> bool:
+    return True
 
 
 async def _in_turn(*calls: Awaitable[Any]) -> list[Any]:

@@ -127,6 +127,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
             state.peers, peer_redis = open_peers(settings, states, telemetry)
             routing.dispatcher.records_at_decision = True
             routing.dispatcher.peer_load = state.peers.refresh
+            routing.dispatcher.peer_read_due = state.peers.read_due
             if isinstance(index, BreakerIndex) and isinstance(index.index, RedisPrefixIndex):
                 state.peers.ride_with(index.index.carry)  # the exchange rides in the index's batches
             state.peers.start()

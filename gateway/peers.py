@@ -150,6 +150,11 @@ class PeerLoad:
         if self._others and self._exchange is None and not self._stopped:
             self._want(urgent=False)
 
+    def read_due(self) -> bool:
+        """Whether `refresh` would read anything now: another replica is known, and the exchange
+        in flight is not late (a replica alone reads nothing, and its decisions await nothing)."""
+        return bool(self._others) and not self._stopped and not self._late
+
     def refresh(self) -> Awaitable[None]:
         """The other replicas' figures, read now: a future that resolves once the exchange in
         flight (or one started now) has set ``peer_*``, or ``read_timeout_s`` after the first
