@@ -29,7 +29,9 @@ Load comes from `bench/loadgen.py` in its own process (or, with ``--loadgen wrk`
 32, chat bodies of 1k, 8k and 128k tokens (~4 bytes/token of text), 16 distinct prompts
 per size in 4 groups that share a system prompt of half the length, cycled, so the index
 matches and records real chains. Cells run target after target, in rotated order per
-round; p50/p99 are over the pooled rounds, throughput is the median round's. "Added"
+round; p50/p99 are over the pooled rounds, throughput is the median round's (and for ``-w2`` against one process,
+also the median of the rounds' own ratios, ``throughput_ratio_vs_one_worker_paired``: both sides
+of a round ran within a minute, so a slow phase of the shared machine tends to hit both). "Added"
 latency is the difference of percentiles against ``direct`` and against ``bare``.
 "Server CPU ms/req" is the CPU time the process under load (stub, proxy, gateway or peer
 router, with its threads and child processes) used during the cell, per request (/proc, warm-up included): on a shared 2-core machine it is
@@ -371,6 +373,7 @@ def measure(args: argparse.Namespace, targets: dict[str, tuple[int, int]], helpe
                                  "requests": len(lat), "errors": sum(run["errors"] for run in runs[t]),
                                  "p50_ms": statistics.median(lat), "p99_ms": pct(lat, 0.99),
                                  "rps": statistics.median(run["completed"] / run["elapsed_s"] for run in runs[t]),
+                                 "rps_by_round": [run["completed"] / run["elapsed_s"] for run in runs[t]],
                                  "cpu_ms_per_request": statistics.median(cpu_ms[t]),
                                  "helper_cpu_ms_per_request": {h: statistics.median(r[h] for r in helper_ms[t])
                                                                for h in helper_ms[t][0]},

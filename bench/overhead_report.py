@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -62,6 +63,12 @@ def derive(cell: list[dict]) -> None:
         one = {"redis-w2": "redis", "bare-w2": "bare"}.get(row["target"])
         if one in by:  # 2 worker processes against 1, same cell (issue 15)
             row["throughput_ratio_vs_one_worker"] = row["rps"] / by[one]["rps"]
+            # and the median of each round's ratio: the two ran minutes apart at most, so a slow
+            # phase of the shared machine that hit one round hits both sides of its ratio
+            pairs = zip(row.get("rps_by_round", []), by[one].get("rps_by_round", []))
+            ratios = [two / one_rps for two, one_rps in pairs if one_rps > 0]
+            if ratios:
+                row["throughput_ratio_vs_one_worker_paired"] = statistics.median(ratios)
 
 
 def target_processes(target: str) -> int | None:
@@ -149,6 +156,8 @@ def summary(rows: list[dict], final: dict[str, dict[str, dict[float, float]]]) -
             out[f"index_errors_{target}"] = final[target].get("index_errors", {})
     for target in ("redis-w2", "bare-w2"):
         out[f"throughput_ratio_vs_one_worker_{target}"] = cell("8k", 32, target).get("throughput_ratio_vs_one_worker")
+        out[f"throughput_ratio_vs_one_worker_paired_{target}"] = cell("8k", 32, target).get(
+            "throughput_ratio_vs_one_worker_paired")
         one, two = cell("8k", 32, target.removesuffix("-w2")), cell("8k", 32, target)
         if one.get("ceiling_rps") and two.get("ceiling_rps"):  # what the CPU arithmetic allows 2 workers
             out[f"ceiling_ratio_vs_one_worker_{target}"] = two["ceiling_rps"] / one["ceiling_rps"]

@@ -64,6 +64,20 @@ def test_derived_columns_are_against_direct_and_bare(bench) -> None:
     assert redis["cpu_ratio_vs_bare"] == pytest.approx(4.0)
 
 
+def test_two_workers_are_compared_with_one_by_medians_and_round_by_round(bench) -> None:
+    _, report = bench
+    # A slow phase of the machine hit two of one worker's rounds but one of the two workers':
+    # the ratio of the medians doubles, the median of the rounds' own ratios stays.
+    cell = [{"target": "redis", "p50_ms": 2.0, "p99_ms": 5.0, "rps": 640.0, "cpu_ms_per_request": 0.9,
+             "rps_by_round": [1000.0, 600.0, 640.0]},
+            {"target": "redis-w2", "p50_ms": 2.0, "p99_ms": 5.0, "rps": 1300.0, "cpu_ms_per_request": 1.0,
+             "rps_by_round": [1300.0, 1310.0, 830.0]}]
+    report.derive(cell)
+    two = cell[1]
+    assert two["throughput_ratio_vs_one_worker"] == pytest.approx(1300 / 640)
+    assert two["throughput_ratio_vs_one_worker_paired"] == pytest.approx(1.3)
+
+
 def test_prompt_set_is_fixed_distinct_and_shares_prefixes_in_groups(bench) -> None:
     overhead, _ = bench
     bodies = overhead.make_bodies("1k", stream=True)
