@@ -43,9 +43,10 @@ cost no command of their own. A decision's read is queued after its match (the d
 the two in that order), so it rides in its match's batch; one whose turn sends no batch (a
 request without prefix hashes, the index's breaker open) goes alone at the end of the turn. A
 change waits at most ``CARRY_WAIT_S`` (1 ms) for a batch, then goes alone. The periodic exchange
-always goes alone (it also renews the membership). Carried, the exchange cost a
-``serve --workers 2`` worker ~0.2 fewer Redis commands per request at c = 32 (BENCHMARKS.md,
-"`serve --workers 2`"); a batch that fails fails its rider too (counted like a failed exchange).
+always goes alone (it also renews the membership). Carried, ``serve --workers 2`` sent about one
+EVALSHA in six fewer (2,257 → 1,902 in a 3 s cell at c = 32, 8k tokens) and a worker used ~3.5% less
+CPU per request, side by side (BENCHMARKS.md, "`serve --workers 2`"); a batch that fails fails its
+rider too (counted like a failed exchange).
 
 Consistency: eventual. A replica sees the others' load as of their last write — about one
 round trip old, two when a write waited for the exchange in flight — and its own exactly. A
