@@ -389,9 +389,11 @@ class PeerLoad:
                 async with asyncio.timeout(max(self.interval_s * 4, 0.5)):
                     await self.sync()
                 self._last_ok_s = started
-            except (RedisError, OSError, TimeoutError) as exc:
+            except (RedisError, OSError, TimeoutError, asyncio.CancelledError) as exc:
                 if me is not None and me.cancelling():
                     raise  # a stop: asyncio.timeout can turn a cancel that meets its deadline into TimeoutError
+                # Not a stop (a cancelled exchange is a failed one): the loop never ends but by `stop`,
+                # or this replica would keep its last view of the others, and its lease, forever.
                 if self._last_ok_s is None or started - self._last_ok_s > self.lease_ms / 1000:
                     self._clear()  # the others' figures are older than their lease: fall back to our own
                 self._failed(exc)
@@ -403,12 +405,14 @@ class PeerLoad:
         """The periodic exchange, by the next exchange to start: write all of this replica's
         figures, renew its lease and membership, read the member list and the others' figures,
         set ``peer_*`` (raises RedisError, OSError or TimeoutError)."""
-        if self._sync_due is None:
+        if self._sync_due is None or self._sync_due.done():
             self._sync_due = asyncio.get_running_loop().create_future()
         due = self._sync_due
         if self._exchange is None:
             self._begin()
-        await due  # one caller (the loop): its timeout may cancel it, which the exchange then leaves alone
+        # Shielded: a caller's timeout (the loop's, while Redis is slow) must not cancel the future
+        # the exchange will resolve; a later call waits for the same one.
+        await asyncio.shield(due)
 
     def _clear(self) -> None:
         for t in self.targets:

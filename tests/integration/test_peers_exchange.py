@@ -48,11 +48,12 @@ def server() -> Iterator[tuple[str, object]]:
 
 
 @asynccontextmanager
-async def replica(url: str, *, counted: bool = False, read_timeout_s: float = 0.05) -> AsyncIterator[PeerLoad]:
+async def replica(url: str, *, counted: bool = False, read_timeout_s: float = 0.05,
+                  sync_interval_s: float = QUIET_S) -> AsyncIterator[PeerLoad]:
     pool = redis.ConnectionPool.from_url(url, socket_timeout=1.0,
                                          **({"connection_class": CountingConnection} if counted else {}))
     client = redis.Redis(connection_pool=pool)
-    peers = PeerLoad(client, "kgtest", [Target(b, SPEC) for b in BACKENDS], sync_interval_s=QUIET_S,
+    peers = PeerLoad(client, "kgtest", [Target(b, SPEC) for b in BACKENDS], sync_interval_s=sync_interval_s,
                      read_timeout_s=read_timeout_s)
     peers.start()
     try:
@@ -127,3 +128,29 @@ async def test_a_write_of_the_changed_figures_keeps_the_lease(server) -> None:
         assert 0 < await admin.pttl(key) <= a.lease_ms
         await a.sync()  # the periodic exchange writes every backend again
         assert set(await admin.hkeys(key)) == {x.encode() for x in BACKENDS}
+
+
+async def test_the_periodic_exchange_outlives_a_redis_freeze_longer_than_its_timeout(server) -> None:
+    """The loop's timeout (0.5 s) used to cancel the future the exchange in flight (1 s timeout)
+    would resolve; the next pass awaited that cancelled future, and the loop ended for good: the
+    others' last figures stayed forever, and the replicas never met again. Now it lives on, drops
+    the others' figures once their lease is over, and meets them again when Redis is back."""
+    url, proc = server
+    async with replica(url, sync_interval_s=0.05) as a, replica(url, sync_interval_s=0.05) as b:
+        await replicas_met(a, b)
+        Ticket(b.targets[0].ledger, kv_bytes=0.0, prefill_s=0.0)
+        deadline = time.monotonic() + 10
+        while a.targets[0].ledger.peer_in_flight != 1:
+            assert time.monotonic() < deadline, "A never saw B's request"
+            await asyncio.sleep(0.01)  # A's periodic exchange reads it
+        with frozen(proc):
+            frozen_until = time.monotonic() + 2.5  # past the loop's and the exchange's timeouts, and the 1 s lease
+            while time.monotonic() < frozen_until:
+                await asyncio.sleep(0.05)  # the behaviour under test: what the loops do while Redis is frozen
+            assert not a._task.done() and not b._task.done()  # type: ignore[union-attr]
+            assert a.targets[0].ledger.peer_in_flight == 0  # B's figures dropped once their lease ran out
+            assert a.errors > 0
+        deadline = time.monotonic() + 10
+        while a.targets[0].ledger.peer_in_flight != 1 or a.replicas_seen != 2 or b.replicas_seen != 2:
+            assert time.monotonic() < deadline, "the replicas did not meet again after the freeze"
+            await asyncio.sleep(0.01)  # their periodic exchanges, every 50 ms
