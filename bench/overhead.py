@@ -25,7 +25,7 @@ One run, all on 127.0.0.1, side by side, every server its own process:
   line on stderr.
 
 Load comes from `bench/loadgen.py` in its own process (or, with ``--loadgen wrk``, from
-``wrk``: `bench/loadgen_wrk.py`, the same load for half the load generator's CPU): closed loop at concurrency 1 and
+``wrk``: `bench/loadgen_wrk.py`, the same load for ~0.65× the load generator's CPU): closed loop at concurrency 1 and
 32, chat bodies of 1k, 8k and 128k tokens (~4 bytes/token of text), 16 distinct prompts
 per size in 4 groups that share a system prompt of half the length, cycled, so the index
 matches and records real chains. Cells run target after target, in rotated order per
@@ -398,7 +398,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "bare-w2,redis-w2 for two workers; peers that cannot be installed are skipped)")
     p.add_argument("--loadgen", choices=("python", "wrk"), default="python",
                    help="the load generator: bench/loadgen.py, or wrk (C; bench/loadgen_wrk.py), which takes "
-                        "half the CPU per request from the cores the servers share")
+                        "~0.65x its CPU per request from the cores the servers share")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
                    help="also load a Redis gateway run from source tree DIR, as target redis@NAME")
     args = p.parse_args(argv)

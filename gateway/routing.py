@@ -64,8 +64,11 @@ Kind = Literal["chat", "completion"]
 # KV the gateway charges for the output of a request that sets no max_tokens (vLLM would
 # fill the context; most clients stop far earlier): an estimate, named as one.
 DEFAULT_MAX_TOKENS_ESTIMATE = 256
-# At most one "index unavailable" warning per this many seconds; gateway_index_errors_total counts every failure.
-INDEX_WARNING_INTERVAL_S = 60.0
+# The index's outages are logged as one "unavailable" line and one "reachable again" line, the
+# latter only once the index has answered every match for this long: an overloaded Redis fails
+# and answers by turns, and each turn must not cost two lines (gateway_index_errors_total counts
+# every failure), while the last line logged must say whether the index works now.
+INDEX_RECOVERY_STABLE_S = 5.0
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -125,10 +128,9 @@ class RoutingService:
         self.dispatcher = Dispatcher(index, policy, rng, calibration, block_size_bytes=self.block_bytes,
                                      kv_pool_bytes=kv_pool_bytes, hooks=self, clock=clock, gather=asyncio.gather)
         self.index_truth = IndexTruth(self.dispatcher, backends, telemetry, clock, kv_pool=kv_pool_bytes is not None)
-        self._index_degraded = False
-        self._warned_at_s: float | None = None  # clock() of the last "unavailable" warning
+        self._index_degraded = False  # an "unavailable" line stands, not yet followed by "reachable again"
+        self._answering_since_s: float | None = None  # clock() of the first match answered since the last failure
         self._errors_since_warning = 0
-        self._recovery_owed = False
         self._decision_seconds = telemetry.decision_seconds.labels(policy.name)
         self._load_only = {NestingTooDeep.reason: telemetry.load_only_requests.labels(NestingTooDeep.reason)}
         self._index_seconds = {op: telemetry.index_seconds.labels(op) for op in ("match", "record", "forget")}
@@ -266,29 +268,29 @@ class RoutingService:
         self._degraded(op, exc)
 
     def _degraded(self, op: str, exc: Exception) -> None:
-        """Count an index failure; warn at the start of an outage, at most once per
-        ``INDEX_WARNING_INTERVAL_S`` (an overloaded Redis fails and answers by turns, and
-        each turn must not cost two log lines)."""
+        """Count an index failure; warn when an outage starts (``INDEX_RECOVERY_STABLE_S``)."""
         self.telemetry.index_errors.labels(op).inc()
         self._errors_since_warning += 1
+        self._answering_since_s = None
         if self._index_degraded:
             return
         self._index_degraded = True
-        now = self.clock()
-        if self._warned_at_s is None or now - self._warned_at_s >= INDEX_WARNING_INTERVAL_S:
-            extra = "" if self._errors_since_warning == 1 else f"; {self._errors_since_warning} index errors since the last warning"
-            log.warning("prefix index unavailable (%s: %s): routing without prefix matches until it recovers%s",
-                        op, exc, extra)
-            self._warned_at_s = now
-            self._errors_since_warning = 0
-            self._recovery_owed = True
+        extra = "" if self._errors_since_warning == 1 else f"; {self._errors_since_warning} index errors since the last warning"
+        log.warning("prefix index unavailable (%s: %s): routing without prefix matches until it recovers%s",
+                    op, exc, extra)
+        self._errors_since_warning = 0
 
     def _recovered(self) -> None:
-        if self._index_degraded:
+        """A match answered: after ``INDEX_RECOVERY_STABLE_S`` of answers with no failure, say so."""
+        if not self._index_degraded:
+            return
+        now = self.clock()
+        if self._answering_since_s is None:
+            self._answering_since_s = now
+        if now - self._answering_since_s >= INDEX_RECOVERY_STABLE_S:
             self._index_degraded = False
-            if self._recovery_owed:  # only a warned outage gets its recovery line
-                self._recovery_owed = False
-                log.warning("prefix index reachable again: prefix-aware routing resumed")
+            self._answering_since_s = None
+            log.warning("prefix index reachable again: prefix-aware routing resumed")
 
 
 def _sequences(body: dict[str, Any]) -> int:
