@@ -236,7 +236,7 @@ class PeerLoad:
         if future.cancelled():
             self._sent.clear()  # as for a failure, uncounted (the batch was aborted at shutdown)
         elif (exc := future.exception()) is not None:
-            self._sent.clear()  # landed or not: changes are never skipped as written; the periodic exchange rewrites all
+            self._sent.clear()  # landed or not, changes are never skipped as written; periodic rewrites all
             self._failed(exc)
         else:
             gone = self._set_figures(others, future.result())
@@ -277,7 +277,7 @@ class PeerLoad:
             async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
                 await self._call(fields, renew=sync is not None)
         except Exception as exc:  # noqa: BLE001 -- Redis trouble never fails a request; counted, figures kept
-            self._sent.clear()  # landed or not: changes are never skipped as written; the periodic exchange rewrites all
+            self._sent.clear()  # landed or not, changes are never skipped as written; periodic rewrites all
             if sync is None:
                 self._failed(exc)
             elif not sync.done():
