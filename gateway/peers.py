@@ -11,7 +11,9 @@ backends the others already loaded (measured in the simulator: ``bench/replicas.
   lease (``PEXPIRE``). Every ``sync_interval_s`` (default 50 ms), off the request path, it
   writes all of them, renews the lease and its membership in ``P:{peers}:members`` and
   re-reads the member list (a replica alone writes only then: a new one reads figures at most
-  that old, and is seen within that interval);
+  that old, and is seen within that interval). While the request path's exchanges keep reading
+  the others' figures, this periodic one runs once in ``SYNC_STRETCH_INTERVALS`` intervals
+  (250 ms): a busy replica finds one that joins within that;
 - once it knows another replica, a ticket that changes its figures (`_changed`) has them
   written at once: by the exchange that starts then, or, if one is in flight, by the next,
   which starts as soon as that one ends (one exchange in flight at a time: changes meanwhile
@@ -42,7 +44,7 @@ hashes go at the end of the EVALSHA that carries the loop turn's index matches a
 cost no command of their own. A decision's read is queued after its match (the dispatcher awaits
 the two in that order), so it rides in its match's batch; one whose turn sends no batch (a
 request without prefix hashes, the index's breaker open) goes alone at the end of the turn. A
-change waits at most ``CARRY_WAIT_S`` (1 ms) for a batch, then goes alone. The periodic exchange
+change waits at most ``CARRY_WAIT_S`` (5 ms) for a batch, then goes alone. The periodic exchange
 always goes alone (it also renews the membership). Carried, ``serve --workers 2`` sent about one
 EVALSHA in six fewer (2,257 → 1,902 in a 3 s cell at c = 32, 8k tokens) and a worker used ~3.5% less
 CPU per request, side by side (BENCHMARKS.md, "`serve --workers 2`"); a batch that fails fails its
@@ -65,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio as redis
@@ -81,8 +84,15 @@ DEFAULT_SYNC_INTERVAL_S = 0.05
 LEASE_INTERVALS = 20  # a replica's figures outlive it by this many sync intervals (1 s by default)
 EXCHANGE_TIMEOUT_S = 1.0  # one exchange, at most (the lane is blocked meanwhile; decisions wait less)
 # With the exchange carried by the index's batches, how long a change waits for one before it is
-# written alone: a gateway under load sends a batch every few hundred µs; an idle one writes 1 ms late.
-CARRY_WAIT_S = 0.001
+# written alone. A `serve --workers 2` worker at c = 32, 8k tokens sends a batch every ~3 ms: with
+# 1 ms, two changes in three went alone (a command of its own, ~0.2 ms of the worker's CPU each);
+# with 5 ms, one in five (counted per exchange, BENCHMARKS.md "`serve --workers 2`"). An idle
+# replica's change is written 5 ms late.
+CARRY_WAIT_S = 0.005
+# While the request path's exchanges keep reading the others' figures (one read within the last
+# interval), the periodic exchange runs once in this many intervals (250 ms by default), enough to
+# renew the lease (1 s) and the membership and to find new members; otherwise at every interval.
+SYNC_STRETCH_INTERVALS = 5
 class PeerLoad:
     """The exchange (module docstring). Owns nothing but its Redis client.
 
@@ -122,6 +132,8 @@ class PeerLoad:
         self._sync_due: asyncio.Future[None] | None = None  # `sync` asked: the next exchange is a periodic one
         self._done: asyncio.Future[None] | None = None  # a finished future, for decisions that need no read
         self._last_ok_s: float | None = None
+        self._read_ok_s = -math.inf  # loop time of the last exchange that read the others' figures
+        self._synced_s = -math.inf  # and of the last periodic one
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._carried = False  # the index's batches carry the exchanges (`ride_with`)
@@ -239,6 +251,7 @@ class PeerLoad:
             self._sent.clear()  # landed or not, changes are never skipped as written; periodic rewrites all
             self._failed(exc)
         else:
+            self._read_ok_s = asyncio.get_running_loop().time()
             gone = self._set_figures(others, future.result())
             if gone:
                 chore = asyncio.ensure_future(self._forget_members(gone))
@@ -283,8 +296,11 @@ class PeerLoad:
             elif not sync.done():
                 sync.set_exception(exc)
             return
-        if sync is not None and not sync.done():
-            sync.set_result(None)
+        self._read_ok_s = asyncio.get_running_loop().time()
+        if sync is not None:
+            self._synced_s = self._read_ok_s
+            if not sync.done():
+                sync.set_result(None)
 
     def _fields_due(self, *, sync: bool) -> dict[str, str]:
         """The figures to write: all of them (``sync``), else those of the changed targets that
@@ -386,9 +402,12 @@ class PeerLoad:
         while not self._stopped:
             started = loop.time()
             try:
-                async with asyncio.timeout(max(self.interval_s * 4, 0.5)):
-                    await self.sync()
-                self._last_ok_s = started
+                if self._stretched(started):
+                    self._last_ok_s = self._read_ok_s  # the others' figures are that fresh
+                else:
+                    async with asyncio.timeout(max(self.interval_s * 4, 0.5)):
+                        await self.sync()
+                    self._last_ok_s = started
             except (RedisError, OSError, TimeoutError, asyncio.CancelledError) as exc:
                 if me is not None and me.cancelling():
                     raise  # a stop: asyncio.timeout can turn a cancel that meets its deadline into TimeoutError
@@ -400,6 +419,13 @@ class PeerLoad:
             if self._on_sync is not None:
                 self._on_sync(self.replicas_seen)
             await asyncio.sleep(max(self.interval_s - (loop.time() - started), 0.0))
+
+    def _stretched(self, now: float) -> bool:
+        """Whether the periodic exchange can skip this interval: the request path's exchanges read
+        the others' figures within the last interval, and the last periodic one (lease, membership)
+        is less than ``SYNC_STRETCH_INTERVALS`` intervals old."""
+        return (bool(self._others) and now - self._read_ok_s < self.interval_s
+                and now - self._synced_s < self.interval_s * SYNC_STRETCH_INTERVALS)
 
     async def sync(self) -> None:
         """The periodic exchange, by the next exchange to start: write all of this replica's

@@ -159,8 +159,8 @@ async def test_without_a_batch_a_read_goes_alone_in_its_turn_and_a_change_within
             return b.targets[0].ledger.peer_in_flight == 1
 
         await until(b_sees_a, "A's change was never written")
-        assert time.monotonic() - started < 1.0  # CARRY_WAIT_S (1 ms) then one round trip, not the 30 s sync
-        assert CARRY_WAIT_S <= 0.001
+        assert time.monotonic() - started < 1.0  # CARRY_WAIT_S (5 ms) then one round trip, not the 30 s sync
+        assert CARRY_WAIT_S <= 0.005
         assert sends()[1] - before[1] == 1  # written alone, once
 
 

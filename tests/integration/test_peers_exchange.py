@@ -18,7 +18,7 @@ from redis.asyncio.connection import Connection
 
 from dispatch import Target, Ticket
 from fleet_config.catalog import default_catalog
-from gateway.peers import PeerLoad
+from gateway.peers import SYNC_STRETCH_INTERVALS, PeerLoad
 from router.cost import BackendSpec
 from tests.integration.gateway_support import replicas_met
 from tests.support.redis_server import frozen, redis_process
@@ -29,6 +29,20 @@ CATALOG = default_catalog()
 SPEC = BackendSpec(model=CATALOG.model("llama-3.1-8b"), hardware=CATALOG.hw("h100-sxm"))
 BACKENDS = ("b0", "b1", "b2")
 QUIET_S = 30.0  # the periodic exchange runs once at start, then not within a test
+
+
+class RenewalCountingConnection(Connection):
+    """Counts the periodic exchanges it sends: the only ones that pass the replica's id as an
+    argument (to renew its membership) besides its key, so the id is twice in the packed command."""
+
+    renewals: dict[str, int] = {}
+
+    async def send_packed_command(self, command, check_health: bool = True) -> None:  # type: ignore[no-untyped-def]
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        for replica_id in RenewalCountingConnection.renewals:
+            if packed.count(replica_id.encode()) >= 2:
+                RenewalCountingConnection.renewals[replica_id] += 1
+        await super().send_packed_command(command, check_health)
 
 
 class CountingConnection(Connection):
@@ -49,9 +63,10 @@ def server() -> Iterator[tuple[str, object]]:
 
 @asynccontextmanager
 async def replica(url: str, *, counted: bool = False, read_timeout_s: float = 0.05,
-                  sync_interval_s: float = QUIET_S) -> AsyncIterator[PeerLoad]:
-    pool = redis.ConnectionPool.from_url(url, socket_timeout=1.0,
-                                         **({"connection_class": CountingConnection} if counted else {}))
+                  sync_interval_s: float = QUIET_S,
+                  connection_class: type[Connection] | None = None) -> AsyncIterator[PeerLoad]:
+    connection_class = connection_class or (CountingConnection if counted else Connection)
+    pool = redis.ConnectionPool.from_url(url, socket_timeout=1.0, connection_class=connection_class)
     client = redis.Redis(connection_pool=pool)
     peers = PeerLoad(client, "kgtest", [Target(b, SPEC) for b in BACKENDS], sync_interval_s=sync_interval_s,
                      read_timeout_s=read_timeout_s)
@@ -154,3 +169,27 @@ async def test_the_periodic_exchange_outlives_a_redis_freeze_longer_than_its_tim
         while a.targets[0].ledger.peer_in_flight != 1 or a.replicas_seen != 2 or b.replicas_seen != 2:
             assert time.monotonic() < deadline, "the replicas did not meet again after the freeze"
             await asyncio.sleep(0.01)  # their periodic exchanges, every 50 ms
+
+
+async def test_reads_on_the_request_path_stretch_the_periodic_exchange_and_keep_the_lease(server) -> None:
+    """Before, a replica ran its periodic exchange (a command of its own) every interval however
+    often its decisions read the others; now, while they do, once in SYNC_STRETCH_INTERVALS, which
+    still renews its lease (1 s) and membership; idle, every interval again."""
+    url, _ = server
+    interval_s = 0.05
+    async with replica(url, sync_interval_s=interval_s, connection_class=RenewalCountingConnection) as a, \
+            replica(url, sync_interval_s=interval_s) as b:
+        await replicas_met(a, b)
+        RenewalCountingConnection.renewals[a.id] = 0
+        busy_s = 3 * a.lease_ms / 1000  # three leases: a lapsed one would show
+        end = time.monotonic() + busy_s
+        while time.monotonic() < end:
+            await a.refresh()  # a decision's read: an exchange of the request path
+            await asyncio.sleep(0.01)
+        busy = RenewalCountingConnection.renewals[a.id]
+        assert busy >= busy_s / (interval_s * SYNC_STRETCH_INTERVALS) - 2  # lease and membership renewed
+        assert busy <= busy_s / (interval_s * SYNC_STRETCH_INTERVALS) + 3  # not every interval (60 before)
+        assert b.replicas_seen == 2 and a.replicas_seen == 2  # A's lease never ran out
+        RenewalCountingConnection.renewals[a.id] = 0
+        await asyncio.sleep(1.0)  # idle: nothing reads
+        assert RenewalCountingConnection.renewals[a.id] >= 1.0 / interval_s / 2  # every interval again (20)
