@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from typing import ClassVar
 
 import pytest
 import redis.asyncio as redis
@@ -35,7 +36,7 @@ class RenewalCountingConnection(Connection):
     """Counts the periodic exchanges it sends: the only ones that pass the replica's id as an
     argument (to renew its membership) besides its key, so the id is twice in the packed command."""
 
-    renewals: dict[str, int] = {}
+    renewals: ClassVar[dict[str, int]] = {}
 
     async def send_packed_command(self, command, check_health: bool = True) -> None:  # type: ignore[no-untyped-def]
         packed = command if isinstance(command, bytes) else b"".join(command)

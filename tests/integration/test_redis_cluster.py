@@ -19,12 +19,20 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 import openai
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
+from redis.utils import HIREDIS_AVAILABLE
 
 from fleet_config import default_catalog
 from mock_vllm.app_factory import build_backend_app, standalone_settings
 from prefix_index import RedisPrefixIndex, TierCapacity
-from prometheus_client import CollectorRegistry
-from tests.integration.gateway_support import Gateway, backend_doc, poll, run_fakes, run_gateway
+from prefix_index.redis_connect import HiredisPacking
+from tests.integration.gateway_support import (
+    Gateway,
+    backend_doc,
+    poll,
+    run_fakes,
+    run_gateway,
+)
 from tests.support.fake_upstream import Script
 from tests.support.redis_cluster import RedisCluster
 from tests.support.redis_server import frozen
@@ -83,6 +91,9 @@ async def test_each_models_keys_stay_on_one_shard_and_models_spread(redis_cluste
             stats = await index.stats()  # SCAN on every primary
             assert stats.blocks_by_backend == {"b1": 4 * len(models), "b2": 2 * len(models)}
             assert stats.memory_bytes > 0
+            if HIREDIS_AVAILABLE:  # every shard's connections, found after the start, pack with hiredis
+                nodes = index._client.get_nodes()
+                assert len(nodes) == 3 and all(issubclass(n.connection_class, HiredisPacking) for n in nodes)
         finally:
             await index.aclose()
         held = keys_by_node(cluster, key_prefix)

@@ -10,8 +10,17 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
+from redis.utils import HIREDIS_AVAILABLE
 
-from prefix_index.redis_connect import connect, parse_redis_url, redact_url
+from prefix_index.redis_connect import (
+    HiredisPacking,
+    connect,
+    hiredis_packing,
+    parse_redis_url,
+    redact_url,
+)
 
 
 @pytest.mark.parametrize("url", ["redis://localhost:6379/0", "rediss://:pw@cache.internal:6380/2",
@@ -87,3 +96,47 @@ async def test_connect_builds_the_client_the_scheme_names() -> None:
 ])
 def test_logs_show_urls_without_passwords(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+needs_hiredis = pytest.mark.skipif(not HIREDIS_AVAILABLE or HiredisPacking._serializer is None,
+                                   reason="hiredis (or redis-py's HiredisRespSerializer) not installed")
+
+
+@needs_hiredis
+@pytest.mark.parametrize("args", [
+    ("EVALSHA", "a" * 40, 3, "kappa:{llama-3.1-8b}:clock", "kappa:{m}:blocks:b0", "k:{peers}:r:x", 2, 0, 86400,
+     b"\x00\xff" * 500, "b0", "1 2097152.0 0.5"),  # an index batch: ints, keys, packed hashes, figures
+    ("HSET", "k", "ü€", -7, 2**70, 0.1, 1 / 3, 1e20, float("inf"), b""),
+    ("CONFIG GET", "maxmemory"),  # a command name with a space is split, as redis-py's packer does
+    ("SET", "k", memoryview(b"value")),
+    ("SET", "big", b"x" * 100_000),  # past redis-py's 6,000-byte buffer cutoff
+])
+def test_hiredis_packing_sends_the_bytes_redis_pys_own_packer_sends(args: tuple) -> None:
+    ours, theirs = hiredis_packing(Connection)(), Connection()
+    assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args))
+
+
+@needs_hiredis
+@pytest.mark.parametrize("bad", [True, None, object()])
+def test_hiredis_packing_refuses_what_redis_py_refuses(bad: object) -> None:
+    for connection in (hiredis_packing(Connection)(), Connection()):
+        with pytest.raises(DataError):
+            connection.pack_command("SET", "k", bad)
+
+
+@needs_hiredis
+async def test_every_kind_of_client_packs_with_hiredis() -> None:
+    one = connect("redis://127.0.0.1:6379/0")
+    tls = connect("rediss://127.0.0.1:6380/0")
+    unix = connect("unix:///run/redis.sock")
+    sentinel = connect("redis+sentinel://127.0.0.1:26379/mymaster")
+    for c in (one, tls, unix, sentinel):
+        assert issubclass(c.client.connection_pool.connection_class, HiredisPacking)
+    assert tls.client.connection_pool.connection_class.__name__ == "SSLConnection"
+    cluster = connect("rediss+cluster://127.0.0.1:7000")
+    assert issubclass(cluster.client.connection_kwargs["connection_class"], HiredisPacking)  # nodes found later
+    assert all(issubclass(n.connection_class, HiredisPacking)
+               for n in cluster.client.nodes_manager.startup_nodes.values())
+    assert hiredis_packing(hiredis_packing(Connection)) is hiredis_packing(Connection)
+    for c in (one, tls, unix, sentinel, cluster):
+        await c.aclose()
