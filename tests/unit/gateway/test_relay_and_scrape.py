@@ -6,9 +6,13 @@ import json
 import random
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from fleet_config import default_catalog
+from gateway.scrape import BackendMetrics, parse_vllm_metrics, read_families
 from gateway.sse import SseObserver, error_tail, usage_from_body
-from gateway.scrape import BackendMetrics, parse_vllm_metrics
+from mock_vllm.app_factory import build_backend_app, standalone_settings
 
 
 def event(obj: object) -> bytes:
@@ -149,5 +153,43 @@ def test_parse_vllm_metrics() -> None:
 
 def test_parse_empty_and_invalid() -> None:
     assert parse_vllm_metrics("") == BackendMetrics()
+    assert parse_vllm_metrics("# HELP x y\n\n") == BackendMetrics()
     with pytest.raises(ValueError):
-        parse_vllm_metrics("vllm:x{ 1\n")
+        parse_vllm_metrics("vllm:x{ 1\n")  # no sample read here: not a vLLM page
+    with pytest.raises(ValueError):
+        parse_vllm_metrics("vllm:num_requests_waiting{ 1\n")  # a sample read here, malformed
+
+
+def mock_vllm_page() -> str:
+    """The /metrics page of the mock vLLM server (mock_vllm/metrics.py): vLLM's families, buckets and all."""
+    catalog = default_catalog()
+    settings, entry = standalone_settings("llama-3.1-8b", "h100-sxm", catalog)
+    registry = CollectorRegistry()
+    build_backend_app(settings, entry, catalog, registry=registry)
+    return generate_latest(registry).decode()
+
+
+@pytest.mark.parametrize("page", ["unit", "mock"])
+def test_the_lines_read_give_what_the_whole_page_gives(page: str) -> None:
+    """Only the samples read go to the parser (gateway/scrape.py): the figures are those of the
+    whole page parsed, on this test's page and on the mock vLLM's (~330 lines, ~20 read)."""
+    text = VLLM_METRICS if page == "unit" else mock_vllm_page()
+    whole = read_families(text_string_to_metric_families(text))
+    assert parse_vllm_metrics(text) == whole
+    if page == "mock":
+        assert whole.num_gpu_blocks and whole.block_size_tokens  # the page has what is read
+        unread = text.replace("vllm:time_to_first_token_seconds_bucket{", "vllm:time_to_first_token_seconds_bucket{{")
+        assert parse_vllm_metrics(unread) == whole  # a malformed line of a family not read is skipped
+
+
+@pytest.mark.parametrize("body", ["<html><body>Bad gateway</body></html>\n", '{"error": "upstream"}\n',
+                                  "Internal Server Error\n", "upstream connect error or disconnect\n"])
+def test_an_error_page_is_a_failed_scrape_not_zero_counters(body: str) -> None:
+    """Zeroed counters would read as an engine restart (gateway/backends.py forgets its index entries)."""
+    with pytest.raises(ValueError):
+        parse_vllm_metrics(body)
+    if body[0] in "<{":  # a line that cannot start a sample fails the page, whatever else it holds
+        with pytest.raises(ValueError):
+            parse_vllm_metrics(VLLM_METRICS + body)
+    else:  # one that reads as a sample of a family not read is skipped, as any such line is
+        assert parse_vllm_metrics(VLLM_METRICS + body) == parse_vllm_metrics(VLLM_METRICS)
