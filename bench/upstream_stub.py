@@ -12,7 +12,13 @@ What it answers (HTTP/1.1, keep-alive; the body read whole before any answer):
   segments; any other body one JSON completion with ``Content-Length``, in one write (the
   uvicorn stub sent the same bytes chunked, in two writes).
   ``usage.prompt_tokens`` is the body's length / ``BYTES_PER_TOKEN_ESTIMATE`` (4; the
-  gateway calibrates bytes per token from it). The bench's own bodies put ``stream`` first,
+  gateway calibrates bytes per token from it), and ``prompt_tokens_details.cached_tokens`` what
+  a vLLM engine with prefix caching would report: each port keeps the prefixes it has served
+  (`PrefixCache`), and the longest one of this body, in 64-token blocks of 256 bytes, is cached.
+  (Before, every answer reported 0 cached tokens: the gateway's index-truth check, which takes
+  answers that keep reporting under half of what the index credited as an emptied cache,
+  forgot a backend's entries ~20 times a second under the overhead bench's load, and the
+  index churned.) The bench's own bodies put ``stream`` first,
   so their first bytes decide; a body that a router re-serialised (sglang-router and
   vllm-router move ``stream`` after the messages) is searched whole.
 - ``GET /health``: 200 ``{}``. ``GET /metrics``: a minimal vLLM-style page (an idle engine).
@@ -28,12 +34,13 @@ second; there is no ``server`` header.
 Why raw (`asyncio.Protocol` on uvloop, `httptools.HttpRequestParser`, answers pre-encoded
 or cached per prompt length) rather than an ASGI app on uvicorn: the stub shares the
 machine's two cores with the server under test, so its CPU is taken from the measurement.
+(Its prefix cache costs ~5 µs a request: one C call hashes the body's blocks.)
 Its CPU per request, measured with the uvicorn version beside it (8 ports each, 8k-token chat
 bodies from `bench/loadgen.py`, closed loop, median of 5 rounds of 3 s): at concurrency 32,
 0.076 -> 0.025 ms (JSON) and 0.133 -> 0.050 ms (SSE); at concurrency 1, 0.104 -> 0.034 and
 0.160 -> 0.075 ms. Sending the whole stream in one write would bring SSE to 0.023 ms at
 concurrency 32, but would change the segments the proxies under test read. It imports
-nothing of the project but the bytes-per-token estimate.
+nothing of the project but the bytes-per-token estimate and the chain hash.
 
     python bench/upstream_stub.py --listeners 8     # prints {"ports": [...]} once listening
     python bench/upstream_stub.py --port 8123       # listens on the given port(s) instead
@@ -51,7 +58,10 @@ from email.utils import formatdate
 import httptools
 import uvloop
 
-from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE  # the bench's prompts are ~this many bytes per token
+from prefix_index.hashing import (  # ~bytes per token of the bench's prompts
+    BYTES_PER_TOKEN_ESTIMATE,
+    block_hashes,
+)
 
 # A JSON string cannot hold these bytes (its quotes are escaped), so a match is the key itself;
 # compact (Rust serde_json, the bench) and Python json.dumps spacing.
@@ -62,7 +72,9 @@ CONTENT_EVENTS = 3
 COMPLETION_PATHS = (b"/v1/chat/completions", b"/v1/completions")
 LISTEN_BACKLOG = 2048  # uvicorn's default, which this stub replaced
 DATE_REFRESH_S = 1.0  # the Date header's resolution (RFC 9110 §6.6.1: seconds)
-CACHED_PROMPT_LENGTHS = 4096  # answers kept per distinct prompt_tokens; the bench sends a few dozen lengths
+CACHED_PROMPT_LENGTHS = 4096  # answers kept per distinct (prompt, cached) tokens; the bench sends a few dozen
+PREFIX_BLOCK_BYTES = 256  # a 64-token block (the gateway's index block) at BYTES_PER_TOKEN_ESTIMATE
+PREFIX_CACHE_BLOCKS = 1 << 20  # blocks a port keeps before it empties its cache (~100 MB at most)
 
 METRICS_PAGE = (
     b"# TYPE vllm:num_requests_waiting gauge\n"
@@ -100,14 +112,45 @@ def wants_stream(body: bytes) -> bool:
     return any(mark in body for mark in STREAM_TRUE)
 
 
+class PrefixCache:
+    """What one port (one backend) has prefilled, as vLLM's prefix cache holds it: every block of
+    every body it answered, as chained hashes (`prefix_index.hashing.block_hashes` over the raw
+    body, ``PREFIX_BLOCK_BYTES`` a block), so a held block's ancestors are held too. A body's
+    cached tokens are its longest held prefix. Nothing is evicted until ``PREFIX_CACHE_BLOCKS``,
+    then everything (the bench's prompts fit many times over)."""
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+
+    def cached_tokens(self, body: bytes) -> int:
+        """Tokens of ``body``'s longest prefix served before on this port (whole blocks); then the
+        body's blocks are held."""
+        chain = block_hashes(body, block_size_bytes=PREFIX_BLOCK_BYTES, seed=0)
+        if not chain or chain[-1] in self.held:
+            matched = len(chain)
+        else:
+            lo, hi = 0, len(chain) - 1  # the largest m with block m held (held prefixes are closed)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if chain[mid - 1] in self.held:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            matched = lo
+            if len(self.held) + len(chain) > PREFIX_CACHE_BLOCKS:
+                self.held.clear()
+            self.held.update(chain)
+        return int(matched * PREFIX_BLOCK_BYTES // BYTES_PER_TOKEN_ESTIMATE)
+
+
 def prompt_tokens(body_bytes: int) -> int:
     """``usage.prompt_tokens`` for a body of ``body_bytes`` bytes: its length / 4, at least 1."""
     return max(int(body_bytes // BYTES_PER_TOKEN_ESTIMATE), 1)
 
 
-def _usage(prompt: int) -> dict:
+def _usage(prompt: int, cached: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": CONTENT_EVENTS, "total_tokens": prompt + CONTENT_EVENTS,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _event(text: str | None, finish: str | None = None, usage: dict | None = None) -> bytes:
@@ -128,22 +171,23 @@ CONTENT_CHUNKS = [_chunk(event) for event in CONTENT]
 
 
 @functools.lru_cache(maxsize=CACHED_PROMPT_LENGTHS)
-def completion_body(prompt: int) -> bytes:
-    """The non-streamed answer (``json.dumps`` spacing) for ``prompt`` prompt tokens."""
+def completion_body(prompt: int, cached: int = 0) -> bytes:
+    """The non-streamed answer (``json.dumps`` spacing) for ``prompt`` prompt tokens, ``cached`` of them cached."""
     return json.dumps({"id": "cmpl-stub", "object": "chat.completion", "created": 0, "model": "stub",
                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "t0 t1 t2"},
-                                    "finish_reason": "length"}], "usage": _usage(prompt)}).encode()
+                                    "finish_reason": "length"}], "usage": _usage(prompt, cached)}).encode()
 
 
 @functools.lru_cache(maxsize=CACHED_PROMPT_LENGTHS)
-def stream_tail(prompt: int) -> bytes:
-    """The stream's end for ``prompt`` prompt tokens: the usage event and ``[DONE]``, unframed."""
-    return _event(None, usage=_usage(prompt)) + b"data: [DONE]\n\n"
+def stream_tail(prompt: int, cached: int = 0) -> bytes:
+    """The stream's end for ``prompt`` prompt tokens (``cached`` of them cached): the usage event
+    and ``[DONE]``, unframed."""
+    return _event(None, usage=_usage(prompt, cached)) + b"data: [DONE]\n\n"
 
 
 @functools.lru_cache(maxsize=CACHED_PROMPT_LENGTHS)
-def _stream_tail_chunks(prompt: int) -> bytes:
-    return _chunk(stream_tail(prompt)) + LAST_CHUNK
+def _stream_tail_chunks(prompt: int, cached: int) -> bytes:
+    return _chunk(stream_tail(prompt, cached)) + LAST_CHUNK
 
 
 class DateHeader:
@@ -163,8 +207,8 @@ class DateHeader:
 class StubConnection(asyncio.Protocol):
     """One client connection: httptools parses the requests, each is answered as its last byte arrives."""
 
-    def __init__(self, date: DateHeader) -> None:
-        self.date = date
+    def __init__(self, date: DateHeader, cache: PrefixCache) -> None:
+        self.date, self.cache = date, cache
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -222,14 +266,14 @@ class StubConnection(asyncio.Protocol):
         path = httptools.parse_url(self.url).path
         if method == b"POST" and path in COMPLETION_PATHS:
             body = b"".join(self.body)
-            prompt = prompt_tokens(len(body))
+            prompt, cached = prompt_tokens(len(body)), self.cache.cached_tokens(body)
             if not wants_stream(body):
-                self._answer(OK, JSON, completion_body(prompt), keep_alive, False)
+                self._answer(OK, JSON, completion_body(prompt, cached), keep_alive, False)
             elif self.parser.get_http_version() == "1.0":  # no chunked for HTTP/1.0: the close ends the body
                 keep_alive = False
-                self._answer(OK, SSE, b"".join(CONTENT) + stream_tail(prompt), keep_alive, False)
+                self._answer(OK, SSE, b"".join(CONTENT) + stream_tail(prompt, cached), keep_alive, False)
             else:
-                self._stream(prompt, keep_alive)
+                self._stream(prompt, cached, keep_alive)
         elif path == b"/health":
             self._answer(OK, JSON, b"{}", keep_alive, method == b"HEAD")
         elif path == b"/metrics":
@@ -245,11 +289,11 @@ class StubConnection(asyncio.Protocol):
         self._write(b"".join((status, self.date.line, headers, b"content-length: %d\r\n" % len(body),
                               b"" if keep_alive else CLOSE, b"\r\n", b"" if head_only else body)))
 
-    def _stream(self, prompt: int, keep_alive: bool) -> None:
+    def _stream(self, prompt: int, cached: int, keep_alive: bool) -> None:
         self._write(b"".join((OK, self.date.line, SSE, CHUNKED, b"" if keep_alive else CLOSE, b"\r\n")))
         for chunk in CONTENT_CHUNKS:
             self._write(chunk)
-        self._write(_stream_tail_chunks(prompt))
+        self._write(_stream_tail_chunks(prompt, cached))
 
     def _write(self, data: bytes) -> None:
         assert self.transport is not None
@@ -266,7 +310,8 @@ async def serve(sockets: list[socket.socket]) -> None:
     loop = asyncio.get_running_loop()
     date = DateHeader(loop)
     for sock in sockets:
-        await loop.create_server(lambda: StubConnection(date), sock=sock, backlog=LISTEN_BACKLOG)
+        cache = PrefixCache()  # one per port: each port is a backend
+        await loop.create_server(functools.partial(StubConnection, date, cache), sock=sock, backlog=LISTEN_BACKLOG)
     print(json.dumps({"ports": [s.getsockname()[1] for s in sockets]}), flush=True)
     await loop.create_future()  # forever: the bench stops the stub with SIGTERM
 

@@ -261,3 +261,28 @@ def test_an_unparsable_request_gets_400_and_a_close(port: int) -> None:
         sock.sendall(b"NOT HTTP\x00\r\n\r\n")
         (answer,) = parse_responses(read_until_closed(sock))
     assert (answer.status, answer.headers["connection"]) == (400, "close")
+
+
+def cached_tokens(port: int, body: bytes, stream: bool = False) -> int:
+    with connect(port) as sock:
+        sock.sendall(post(b"/v1/chat/completions", body))
+        (answer,) = read_responses(sock, 1)
+    usage = json.loads(sse_data(answer.body)[-2])["usage"] if stream else answer.json()["usage"]
+    return usage["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_cached_tokens_are_the_longest_prefix_this_port_served_in_whole_blocks(stub_ports: list[int]) -> None:
+    """As vLLM's prefix cache reports them, per port (each port a backend), so that the gateway's
+    index-truth check is not contradicted by every answer (it was: 0 cached tokens, always)."""
+    block_tokens = 256 // BYTES_PER_TOKEN  # the stub's block: 256 bytes
+    shared = b'{"model":"m","messages":[{"role":"system","content":"' + b"s" * 4000 + b'"},'
+    first = shared + b'{"role":"user","content":"' + b"a" * 3000 + b'"}]}'
+    second = shared + b'{"role":"user","content":"' + b"b" * 3000 + b'"}]}'
+    one, other = stub_ports
+    assert cached_tokens(one, first) == 0  # never served here
+    assert cached_tokens(one, first) == len(first) // 256 * block_tokens  # every whole block, now held
+    assert cached_tokens(one, second) == len(shared) // 256 * block_tokens  # the shared head's whole blocks
+    streamed = b'{"stream":true,' + second[1:]  # another first block: nothing shared
+    assert cached_tokens(one, streamed, stream=True) == 0
+    assert cached_tokens(one, streamed, stream=True) == len(streamed) // 256 * block_tokens
+    assert cached_tokens(other, first) == 0  # the other port (backend) has prefilled nothing of it
