@@ -19,21 +19,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_config import default_catalog
 from gateway.scrape import parse_vllm_metrics, read_families
-from mock_vllm.app_factory import build_backend_app, standalone_settings
-
-
-def mock_page() -> str:
-    """The mock vLLM server's page, as its ``/metrics`` route renders it (no server needed)."""
-    catalog = default_catalog()
-    settings, entry = standalone_settings("llama-3.1-8b", "h100-sxm", catalog)
-    registry = CollectorRegistry()
-    build_backend_app(settings, entry, catalog, registry=registry)
-    return generate_latest(registry).decode()
+from mock_vllm.app_factory import idle_metrics_page
 
 
 def per_call_ms(fn, text: str, calls: int) -> float:  # type: ignore[no-untyped-def]
@@ -49,7 +39,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    text = mock_page()
+    text = idle_metrics_page("llama-3.1-8b", "h100-sxm", default_catalog())
 
     def whole(page: str) -> object:
         return read_families(text_string_to_metric_families(page))

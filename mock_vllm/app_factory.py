@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fleet_config import BackendEntry, Settings, parse_settings
 from fleet_config.settings import ModelEntry
@@ -102,3 +102,16 @@ def standalone_settings(model: str, hardware: str, catalog: Catalog, *, url: str
            "backends": [{"id": STANDALONE_ID, "url": url, "model": served, "hardware": hardware, **fields}]}
     settings = parse_settings(doc, catalog, env={})
     return settings, settings.backends[0]
+
+
+def idle_metrics_page(model: str, hardware: str, catalog: Catalog) -> str:
+    """The ``/metrics`` page of a fresh mock backend of ``model`` on ``hardware`` (an idle engine:
+    vLLM's families, every histogram bucket printed), rendered without starting a server.
+
+    Raises:
+        fleet_config.ConfigError: an unknown model or hardware.
+    """
+    settings, entry = standalone_settings(model, hardware, catalog)
+    registry = CollectorRegistry()
+    build_backend_app(settings, entry, catalog, registry=registry)
+    return generate_latest(registry).decode()

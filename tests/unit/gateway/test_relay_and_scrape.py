@@ -6,13 +6,12 @@ import json
 import random
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_config import default_catalog
 from gateway.scrape import BackendMetrics, parse_vllm_metrics, read_families
 from gateway.sse import SseObserver, error_tail, usage_from_body
-from mock_vllm.app_factory import build_backend_app, standalone_settings
+from mock_vllm.app_factory import idle_metrics_page
 
 
 def event(obj: object) -> bytes:
@@ -160,20 +159,11 @@ def test_parse_empty_and_invalid() -> None:
         parse_vllm_metrics("vllm:num_requests_waiting{ 1\n")  # a sample read here, malformed
 
 
-def mock_vllm_page() -> str:
-    """The /metrics page of the mock vLLM server (mock_vllm/metrics.py): vLLM's families, buckets and all."""
-    catalog = default_catalog()
-    settings, entry = standalone_settings("llama-3.1-8b", "h100-sxm", catalog)
-    registry = CollectorRegistry()
-    build_backend_app(settings, entry, catalog, registry=registry)
-    return generate_latest(registry).decode()
-
-
 @pytest.mark.parametrize("page", ["unit", "mock"])
 def test_the_lines_read_give_what_the_whole_page_gives(page: str) -> None:
     """Only the samples read go to the parser (gateway/scrape.py): the figures are those of the
     whole page parsed, on this test's page and on the mock vLLM's (~330 lines, ~20 read)."""
-    text = VLLM_METRICS if page == "unit" else mock_vllm_page()
+    text = VLLM_METRICS if page == "unit" else idle_metrics_page("llama-3.1-8b", "h100-sxm", default_catalog())
     whole = read_families(text_string_to_metric_families(text))
     assert parse_vllm_metrics(text) == whole
     if page == "mock":
