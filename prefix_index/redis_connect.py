@@ -36,8 +36,7 @@ same (tests/unit/prefix_index/test_redis_connect.py). Without hiredis nothing ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import redis.asyncio as redis
@@ -47,9 +46,10 @@ from redis.asyncio.sentinel import Sentinel
 from redis.utils import HIREDIS_AVAILABLE
 
 try:
-    from redis.connection import HiredisRespSerializer
+    from redis.connection import HiredisRespSerializer as _HiredisRespSerializer
+    _SERIALIZER: Any = _HiredisRespSerializer()
 except ImportError:  # a redis-py without it: its Python packer stays
-    HiredisRespSerializer = None
+    _SERIALIZER = None
 
 __all__ = ["RedisConnection", "RedisMode", "RedisTarget", "connect", "parse_redis_url", "redact_url"]
 
@@ -175,25 +175,32 @@ class HiredisPacking:
     goes through redis-py's own ``HiredisRespSerializer`` (module docstring): the command name
     split at spaces, memoryviews copied to bytes, a bad argument raising ``redis.DataError``."""
 
-    _serializer = HiredisRespSerializer() if HiredisRespSerializer is not None else None
+    _serializer: Any = _SERIALIZER
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        return self._serializer.pack(*args)  # type: ignore[union-attr]
+        packed: list[bytes] = self._serializer.pack(*args)
+        return packed
 
 
-@cache
-def hiredis_packing(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``connection_class`` with `HiredisPacking` mixed in (one class per base, cached)."""
+_C = TypeVar("_C", bound=AbstractConnection)
+_WITH_HIREDIS: dict[type, type] = {}  # base connection class -> it with HiredisPacking mixed in
+
+
+def hiredis_packing(connection_class: type[_C]) -> type[_C]:
+    """``connection_class`` with `HiredisPacking` mixed in (one class per base, kept)."""
     if issubclass(connection_class, HiredisPacking):
         return connection_class
-    return type(connection_class.__name__, (HiredisPacking, connection_class), {})
+    mixed = _WITH_HIREDIS.get(connection_class)
+    if mixed is None:
+        mixed = _WITH_HIREDIS[connection_class] = type(connection_class.__name__, (HiredisPacking, connection_class), {})
+    return cast("type[_C]", mixed)
 
 
 def _pack_with_hiredis(client: redis.Redis | RedisCluster) -> None:
     """Have the connections ``client`` opens from now on pack with hiredis, where it is installed:
     a pool's connection class, or a Cluster's (its nodes', and those it discovers later, which
     take the client's connection keyword arguments)."""
-    if not HIREDIS_AVAILABLE or HiredisPacking._serializer is None:
+    if not HIREDIS_AVAILABLE or _SERIALIZER is None:
         return
     if isinstance(client, RedisCluster):
         client.connection_kwargs["connection_class"] = hiredis_packing(client.connection_kwargs["connection_class"])
