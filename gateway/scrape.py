@@ -12,8 +12,9 @@ worker scrapes every backend each ``scrape_interval_s`` (8 backends at 1 s: ~4% 
 worker before). A line that cannot be a sample (it starts with neither a metric name nor ``#``:
 HTML, JSON) still goes to the parser, which refuses it, and so does a page with text but no
 sample read here: an error page is a failed scrape, never an engine whose counters read zero
-(which `gateway.backends` would take for a restart). A malformed line of a family not read here
-is skipped.
+(which `gateway.backends` would take for a restart); so does a page without any ``vllm:`` sample
+read here: empty, comments only, or only ``process_start_time_seconds`` (a 200 from a proxy or an
+engine still starting). A malformed line of a family not read here is skipped.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def parse_vllm_metrics(text: str) -> BackendMetrics:
 
     Raises:
         ValueError: a line of a sample read here, or one that cannot start a sample, is not valid
-            exposition format; or the page has text but no sample read here (module docstring).
+            exposition format; or the page has no ``vllm:`` sample read here (module docstring).
     """
     return read_families(text_string_to_metric_families(_lines_read(text)))
 
@@ -114,22 +115,23 @@ def _lines_read(text: str) -> str:
     any line that is not a comment and cannot start a sample.
 
     Raises:
-        ValueError: ``text`` has lines but none of them a sample read here.
+        ValueError: no ``vllm:`` sample read here is on the page (an empty page, comments only, or
+            only the process's start time: read as zeros, its counters would look reset).
     """
     kept: list[str] = []
-    content = False
+    engine = False  # a vllm: sample was kept
     for line in text.split("\n"):
         stripped = line.lstrip()
         if not stripped or stripped[0] == "#":
             continue
-        content = True
         if stripped[0] not in _NAME_START:
             kept.append(line)  # not a sample: the parser says why
         elif stripped.startswith(_PREFIXES):
             name = _METRIC_NAME.match(stripped)
             if name is not None and name.group() in SAMPLES_READ:
                 kept.append(line)
-    if content and not kept:
-        raise ValueError("no vLLM sample the gateway reads on this page (not a vLLM /metrics page?)")
+                engine = engine or stripped.startswith("vllm:")
+    if not engine:
+        raise ValueError("no vLLM engine sample the gateway reads on this page (empty, or not a vLLM /metrics page)")
     kept.append("")
     return "\n".join(kept)

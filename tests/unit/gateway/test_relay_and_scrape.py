@@ -150,9 +150,17 @@ def test_parse_vllm_metrics() -> None:
                                prompt_tokens_total=2000.0, generation_tokens_total=90.0, requests_succeeded_total=8.0)
 
 
-def test_parse_empty_and_invalid() -> None:
-    assert parse_vllm_metrics("") == BackendMetrics()
-    assert parse_vllm_metrics("# HELP x y\n\n") == BackendMetrics()
+@pytest.mark.parametrize("page", ["", "\n\n", "# HELP x y\n# TYPE x counter\n\n", "process_start_time_seconds 1.7e9\n",
+                                  "# TYPE vllm:prompt_tokens counter\nprocess_start_time_seconds 1.7e9\n"])
+def test_a_page_without_engine_samples_is_a_failed_scrape(page: str) -> None:
+    """Read as all zeros, its counters would look reset: gateway/backends.py would take the backend
+    for restarted and forget its index entries (it did, for an empty 200 page)."""
+    with pytest.raises(ValueError):
+        parse_vllm_metrics(page)
+    assert parse_vllm_metrics('vllm:num_requests_waiting{engine="0"} 0\n') == BackendMetrics()
+
+
+def test_parse_invalid() -> None:
     with pytest.raises(ValueError):
         parse_vllm_metrics("vllm:x{ 1\n")  # no sample read here: not a vLLM page
     with pytest.raises(ValueError):
