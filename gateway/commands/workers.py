@@ -138,9 +138,26 @@ def metrics_pid_read_once() -> None:
     metric_values.install(os.getpid())
 
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_MASKS = hasattr(signal, "pthread_sigmask")
+
+
+def _stop_before_serving(sig: int, frame: FrameType | None) -> None:
+    """A stop signal while the worker's server has no handlers of its own (before it serves, as it
+    imports and builds the app, or after it has finished): nothing to drain, so the worker exits 0,
+    as a drained one does. Before, the default action killed a worker still starting (status
+    -SIGTERM) and the supervisor exited 1."""
+    raise SystemExit(0)
+
+
 def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One worker: the gateway of ``config`` on the inherited socket (runs in a spawned process);
-    sets ``ready`` once it serves."""
+    sets ``ready`` once it serves. It starts with the stop signals blocked (`Supervisor._start`), so
+    that one sent while Python and multiprocessing start up waits for `_stop_before_serving`."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop_before_serving)  # until uvicorn installs its own (GatewayServer.handle_exit)
+    if _MASKS:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a stop that came meanwhile lands now
     metrics_pid_read_once()  # before create_app makes the metrics
     os.setpgrp()
     _die_with_parent()
@@ -207,7 +224,10 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         try:
-            self.procs = [self._start(i) for i in range(self.n)]
+            for i in range(self.n):
+                if self.first_signal_s is not None:
+                    break  # stopped while starting (the listening sockets are closed): start no more
+                self._start(i)
             log.info("serving on %s:%d with %d workers (pids %s)", self.args[1], self.args[2], self.n,
                      ", ".join(str(p.pid) for p in self.procs))
             return self._watch()
@@ -222,10 +242,22 @@ class Supervisor:
             sock.close()
 
     def _start(self, i: int) -> multiprocessing.process.BaseProcess:
-        """Worker ``i``, on ``socks[i]``."""
+        """Start worker ``i``, on ``socks[i]``, as ``procs[i]`` (in the list before a stop signal can
+        be handled here, so that `_forward` reaches it)."""
         ready = self.ctx.Event()
         proc = self.ctx.Process(target=self.target, args=(*self.args, self.socks[i], ready), name="kappa-gateway-worker")
-        proc.start()
+        # The child inherits the signal mask through exec: a stop signal sent before it can handle one
+        # stays pending until worker_main unblocks it (the parent's own is delivered when it unblocks here).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if _MASKS else None
+        try:
+            proc.start()
+            if i < len(self.procs):
+                self.procs[i] = proc
+            else:
+                self.procs.append(proc)
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.ready[proc.pid] = ready
         return proc
 
@@ -269,7 +301,7 @@ class Supervisor:
                     self._forward(signal.SIGTERM, None)
                     continue
                 log.error("worker %s exited with status %s: starting another", proc.pid, proc.exitcode)
-                self.procs[i] = self._start(i)
+                self._start(i)
         codes = [p.exitcode for p in self.procs]
         if failed or any(code != 0 for code in codes):
             log.warning("workers exited with statuses %s", codes)

@@ -138,3 +138,32 @@ def test_workers_that_outlive_the_stop_bound_are_killed_and_the_exit_says_so() -
     finally:
         stop_processes([proc])
         proc.stdout.close()
+
+
+def test_a_stop_while_the_workers_start_ends_them_cleanly(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    """SIGTERM before the workers serve (Kubernetes may stop a pod that is still starting): each
+    worker exits 0 and so does the supervisor. Before, a worker still importing died by the signal
+    (status -15) and `serve` exited 1 ("workers exited with statuses [0, -15]")."""
+    with serve_in_thread(make_app(Script())) as upstream, redis_index(redis_url, key_prefix) as index:
+        config = tmp_path / "fleet.yaml"
+        config.write_text(yaml.safe_dump({"gateway": {"port": free_port(), "shutdown_drain_delay_s": 0.5},
+                                          "index": index, "backends": [backend_doc("b0", upstream)]}))
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        parent = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config), "--workers", "2",
+                                   "--log-level", "warning"], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        try:
+            def children() -> list[str]:
+                return [c for t in os.listdir(f"/proc/{parent.pid}/task")
+                        for c in Path(f"/proc/{parent.pid}/task/{t}/children").read_text().split()]
+
+            def workers_running_python() -> bool:  # spawned and past exec: importing the gateway
+                return sum("python" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")
+                           for c in children() if os.path.exists(f"/proc/{c}")) >= 2
+            poll(workers_running_python, "the two workers to be spawned", timeout_s=30)
+            parent.send_signal(signal.SIGTERM)
+            assert parent.wait(timeout=30) == 0, parent.stdout.read() if parent.stdout else ""
+        finally:
+            stop_processes([parent])
+            if parent.stdout:
+                parent.stdout.close()
