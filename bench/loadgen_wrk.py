@@ -11,7 +11,7 @@ seconds (wrk's ``-d`` takes whole units). Latencies are wrk's, per request at 1 
 from the first byte written to the end of the response.
 
 Returns the dict `loadgen.py` writes: latencies_s (the measured requests', expanded from
-wrk's histogram, ascending; it also holds the answers, 0.2–2.4% more, that landed as wrk stopped,
+wrk's histogram, ascending; it also holds the answers, 0.2–8% more, that landed as wrk stopped,
 which wrk's request count omits), elapsed_s, completed (wrk's count, as its req/s), warmup,
 errors (socket errors and non-2xx/3xx answers), statuses ({"2xx/3xx": n, "other": n}: wrk does
 not count per status code).
