@@ -6,15 +6,15 @@ headers say. Series are summed over the ``engine`` label (a data-parallel server
 
 Only the lines of the samples read here go to prometheus-client's parser (`SAMPLES_READ`; comment
 lines are dropped, so their families parse as untyped, which leaves sample names as they are).
-A vLLM page is ~30 KB and ~330 lines, most of them histogram buckets: the parser took ~5.5 ms
-for all of it, ~0.2 ms for the ~20 lines read (`bench/scrape_parse.py`), and every gateway
-worker scrapes every backend each ``scrape_interval_s`` (8 backends at 1 s: ~4% of a core per
-worker before). A line that cannot be a sample (it starts with neither a metric name nor ``#``:
-HTML, JSON) still goes to the parser, which refuses it, and so does a page with text but no
-sample read here: an error page is a failed scrape, never an engine whose counters read zero
-(which `gateway.backends` would take for a restart); so does a page without any ``vllm:`` sample
-read here: empty, comments only, or only ``process_start_time_seconds`` (a 200 from a proxy or an
-engine still starting). A malformed line of a family not read here is skipped.
+A vLLM page is ~30 KB and ~330 lines, most of them histogram buckets: the parser took ~6 ms
+for all of it, ~0.4 ms with only the ~20 lines read (`bench/scrape_parse.py`), and every gateway
+worker scrapes every backend each ``scrape_interval_s`` (8 backends at 1 s: ~4.7% of a core per
+worker before). An error page is a failed scrape, never an engine whose counters read zero
+(which `gateway.backends` would take for a restart): a line that cannot be a sample (it starts
+with neither a metric name nor ``#``: HTML, JSON) still goes to the parser, which refuses it, and
+a page without any ``vllm:`` sample read here (empty, comments only, only
+``process_start_time_seconds``, plain text) raises. A malformed line of a family not read here
+is skipped.
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ class Supervisor:
         for sock in set(self.socks):
             sock.close()
 
-    def _start(self, i: int) -> multiprocessing.process.BaseProcess:
+    def _start(self, i: int) -> None:
         """Start worker ``i``, on ``socks[i]``, as ``procs[i]`` (in the list before a stop signal can
         be handled here, so that `_forward` reaches it)."""
         ready = self.ctx.Event()
@@ -259,7 +259,6 @@ class Supervisor:
             if blocked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.ready[proc.pid] = ready
-        return proc
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:
         self.signals += 1
