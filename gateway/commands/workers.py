@@ -250,15 +250,17 @@ class Supervisor:
         # stays pending until worker_main unblocks it (the parent's own is delivered when it unblocks here).
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if _MASKS else None
         try:
+            if self.first_signal_s is not None:
+                return  # stopped meanwhile: the listening sockets are closed, a worker would be stopped anyway
             proc.start()
             if i < len(self.procs):
                 self.procs[i] = proc
             else:
                 self.procs.append(proc)
+            self.ready[proc.pid] = ready
         finally:
             if blocked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        self.ready[proc.pid] = ready
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:
         self.signals += 1
