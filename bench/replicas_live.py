@@ -4,7 +4,7 @@ The demo fleet (`config/fleet.local.yaml`: four mock vLLM backends sharing a KV 
 `gateway.commands.fleet.mock_fleet` at ``--time-scale``) behind, in turn:
 
 - ``one``: one gateway on a Redis index;
-- ``two-synced``: two gateways on that Redis exchanging their load (`gateway.peers`, the default);
+- ``two-synced``: two gateways on that Redis exchanging their load (`gateway.replicas.peer_load`, the default);
 - ``two-local``: two gateways sharing only the index (``index.share_load: false``), as before;
 
 each replaying the first ``--requests`` requests of the Mooncake conversation trace at its

@@ -1,4 +1,4 @@
-"""CPU of reading one backend's ``/metrics`` page (`gateway.scrape.parse_vllm_metrics`), side by side.
+"""CPU of reading one backend's ``/metrics`` page (`gateway.backends.scrape.parse_vllm_metrics`), side by side.
 
 The page is the mock vLLM server's (``mock_vllm/metrics.py``: vLLM's v1 families, histogram buckets
 and all, every bucket of every histogram printed; ~28 KB, ~330 lines). Two ways
@@ -22,7 +22,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_config import default_catalog
-from gateway.scrape import parse_vllm_metrics, read_families
+from gateway.backends.scrape import parse_vllm_metrics, read_families
 from mock_vllm.app_factory import idle_metrics_page
 
 

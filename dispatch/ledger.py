@@ -30,10 +30,10 @@ class Ledger:
         recorded_blocks: index blocks recorded for the backend since it was last forgotten (its
             "tree size", for prefix-affinity's smallest-cache rule); approximate.
         peer_in_flight, peer_kv_demand_bytes, peer_outstanding_prefill_s: the same charges of
-            the other gateway replicas, as last synced (`gateway.peers`); 0 with one gateway.
+            the other gateway replicas, as last synced (`gateway.replicas.peer_load`); 0 with one gateway.
             Routing sees own + peer (`total_*`); tickets change only the own figures.
         on_change: called after a ticket changed the own figures (the gateway publishes them
-            to its peers, `gateway.peers`); None: nobody listens.
+            to its peers, `gateway.replicas.peer_load`); None: nobody listens.
     """
 
     in_flight: int = 0

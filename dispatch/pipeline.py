@@ -1,6 +1,6 @@
 """The one routing pipeline: from a hashed request to a ranked decision and its bookkeeping.
 
-DESIGN.md §1 steps 3–4 and 6, shared by the live gateway (`gateway.routing`) and the
+DESIGN.md §1 steps 3–4 and 6, shared by the live gateway (`gateway.proxy.routing`) and the
 simulator (`sim.simulator`), so both route by the same code:
 
 1. capacities: each target's KV capacity (`Target.kv_capacity_bytes`) and host tier in
@@ -143,11 +143,11 @@ class Dispatcher:
         self.hooks = hooks
         self.clock: Callable[[], float] = clock or _no_clock
         self.pending = PendingChains()  # chains of the requests in flight, by backend
-        # Set by a gateway whose replicas share load (gateway.peers): chains are recorded in the
+        # Set by a gateway whose replicas share load (gateway.replicas.peer_load): chains are recorded in the
         # index when sent, so index credit may be a prefill still running (own or a peer's).
         self.records_at_decision = False
         # Set by a gateway whose replicas share load: refreshes the targets' ``peer_*`` figures
-        # (`gateway.peers`), awaited together with the index match, so both cost one round trip;
+        # (`gateway.replicas.peer_load`), awaited together with the index match, so both cost one round trip;
         # ``peer_read_due`` says whether there is anything to read (another replica is known).
         self.peer_load: Callable[[], Awaitable[None]] | None = None
         self.peer_read_due: Callable[[], bool] = _always
@@ -197,7 +197,7 @@ class Dispatcher:
         if self.peer_load is not None and self.peer_read_due():
             # The match first: with asyncio.gather its first step (which queues it for the
             # index's batch of this loop turn) runs before the read's, so the read can ride
-            # in that batch (gateway.peers).
+            # in that batch (gateway.replicas.peer_load).
             (matches, index_ok), _ = await self.gather(self._match(request, lookup), self._peer_read())
         else:
             matches, index_ok = await self._match(request, lookup)

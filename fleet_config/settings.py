@@ -134,7 +134,7 @@ class IndexSection(_Strict):
     block_size_tokens: int = Field(default=DEFAULT_BLOCK_SIZE_TOKENS, gt=0)
     bytes_per_token: float = Field(default=BYTES_PER_TOKEN_ESTIMATE, gt=0)
     # With redis: gateway replicas exchange their load through it every this many seconds and
-    # record a request's chain when it is sent (gateway.peers); false: each replica alone.
+    # record a request's chain when it is sent (gateway.replicas.peer_load); false: each replica alone.
     share_load: bool = True
     load_sync_interval_s: float = Field(default=0.05, gt=0)
 

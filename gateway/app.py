@@ -1,12 +1,12 @@
 """The app factory: a new FastAPI app per call, its resources owned by its lifespan.
 
 The two proxy routes take a fast path (`GatewayApp.__call__`): a POST to
-``/v1/chat/completions`` or ``/v1/completions`` goes straight to `gateway.proxy.serve_proxy`,
+``/v1/chat/completions`` or ``/v1/completions`` goes straight to `gateway.proxy.handler.serve_proxy`,
 past Starlette's and FastAPI's middleware stack (server-error, exception, body-limit and
 exit-stack layers, each wrapping ``send`` once more per message), which cost ~10% of the
 gateway's CPU per request at concurrency 32 (bench/overhead.py, py-spy). The fast path
 answers the same errors the handlers below do; everything else goes through FastAPI,
-where `gateway.catch_all.CatchAll` answers what no handler did (an OpenAI-shaped 500 that
+where `gateway.edge.catch_all.CatchAll` answers what no handler did (an OpenAI-shaped 500 that
 keeps the connection open, not Starlette's plain-text one that closes it).
 """
 
@@ -24,14 +24,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from fleet_config.catalog import default_catalog
-from gateway.catch_all import CatchAll
+from gateway.edge.catch_all import CatchAll
 from gateway.errors import GatewayError, error_body
 from gateway.lifespan import open_gateway
-from gateway.answers import error_response
-from gateway.proxy import serve_proxy
+from gateway.edge.answers import error_response
+from gateway.proxy.handler import serve_proxy
 from gateway.routes import admin, openai
 from fleet_config.settings import Settings
-from gateway.telemetry import Telemetry
+from gateway.telemetry.metrics import Telemetry
 from router.errors import NoEligibleBackend
 from router.profiles import Catalog
 

@@ -93,7 +93,7 @@ class NoHealthyBackend(GatewayError):
 
 
 class Overloaded(GatewayError):
-    """An admission cap is reached (`gateway.admission`): retry shortly, here or elsewhere."""
+    """An admission cap is reached (`gateway.edge.admission`): retry shortly, here or elsewhere."""
 
     status = 503
     error_type = "service_unavailable_error"

@@ -20,13 +20,13 @@ import aiohttp
 
 import hot_path
 
-from gateway.backends import BackendSet, BackendState
-from gateway.peers import PeerLoad
-from gateway.routing import RoutingService
+from gateway.backends.backend_set import BackendSet, BackendState
+from gateway.replicas.peer_load import PeerLoad
+from gateway.proxy.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.state import GatewayState
-from gateway.telemetry import MULTIPROCESS, REFRESH_INTERVAL_S, Telemetry
-from gateway.upstream import make_session
+from gateway.telemetry.metrics import MULTIPROCESS, REFRESH_INTERVAL_S, Telemetry
+from gateway.proxy.upstream import make_session
 from prefix_index import (
     BreakerIndex,
     CircuitBreaker,
@@ -72,7 +72,7 @@ async def _cancel(task: asyncio.Task) -> None:
 
 def open_peers(settings: Settings, states: list[BackendState],
                telemetry: Telemetry) -> tuple[PeerLoad, RedisConnection]:
-    """The load exchange with the other replicas on the index's Redis (`gateway.peers`), and
+    """The load exchange with the other replicas on the index's Redis (`gateway.replicas.peer_load`), and
     its own client on that Redis (any ``redis_url`` form, `prefix_index.redis_connect`), for the caller to close."""
     cfg = settings.index
     assert cfg.redis_url is not None  # validated by IndexSection

@@ -1,6 +1,6 @@
 """What the lifespan opens and every route reads: one `GatewayState` per app.
 
-It also carries the shutdown state the serving process drives (`gateway.server`): ``draining``
+It also carries the shutdown state the serving process drives (`gateway.serving.server`): ``draining``
 (``/ready`` answers 503 while the listener stays open), and `stop_requests`, which ends what is
 still in flight when the grace period runs out."""
 
@@ -14,14 +14,14 @@ from typing import Any
 
 import aiohttp
 
-from gateway.access_log import AccessLog
-from gateway.admission import Admission
-from gateway.auth import KeyCheck
-from gateway.backends import BackendSet
-from gateway.peers import PeerLoad
-from gateway.routing import RoutingService
+from gateway.edge.access_log import AccessLog
+from gateway.edge.admission import Admission
+from gateway.edge.auth import KeyCheck
+from gateway.backends.backend_set import BackendSet
+from gateway.replicas.peer_load import PeerLoad
+from gateway.proxy.routing import RoutingService
 from fleet_config.settings import Settings
-from gateway.telemetry import Telemetry
+from gateway.telemetry.metrics import Telemetry
 from prefix_index import PrefixIndex
 from router.profiles import Catalog
 
@@ -44,7 +44,7 @@ class GatewayState:
     peers: PeerLoad | None = None  # the load exchange with other replicas (Redis index only)
     ready: bool = False
     draining: bool = False  # SIGTERM seen: /ready answers 503 so load balancers stop sending
-    streams: set[Any] = field(default_factory=set)  # open stream relays (`gateway.relay.Relay`)
+    streams: set[Any] = field(default_factory=set)  # open stream relays (`gateway.proxy.relay.Relay`)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopping: asyncio.Future[None] | None = None
 

@@ -17,7 +17,7 @@ nobody waits for. A match therefore sees every record that completed before it w
 issued, and maybe later ones.
 
 A batch can also carry a `Rider` (`Coalescer.carry`): the gateway replicas' load exchange
-(`gateway.peers`) then goes at the end of the turn's first batch, in the same EVALSHA, instead
+(`gateway.replicas.peer_load`) then goes at the end of the turn's first batch, in the same EVALSHA, instead
 of as a command of its own (single Redis only).
 
 It is the DataLoader pattern (batch the loads issued in one tick); it plays the role of

@@ -1,7 +1,7 @@
 """Redis clients from one URL: one server, a Redis Cluster, or the master a Sentinel set names.
 
 The index (`redis_index.RedisPrefixIndex.from_url`) and the gateway's load exchange
-(`gateway.peers`) both take their client from here, so one ``index.redis_url`` (or
+(`gateway.replicas.peer_load`) both take their client from here, so one ``index.redis_url`` (or
 ``KAPPA_REDIS_URL``) says where *and what kind of* Redis it is. The URL's scheme picks the
 client; nothing is probed::
 

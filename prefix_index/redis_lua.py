@@ -42,7 +42,7 @@ floor of a record that must re-score its chain). Hence:
   candidate backends do not hold a request's first block, and this order answers them in
   one probe. No EXISTS per backend: ZREVRANK on a missing key answers "not held" too.
 - **A rider can share the call**: a lease-hash exchange (write this replica's hash and renew
-  its lease, read the others'; `gateway.peers`) queued by `redis_batch.Coalescer.carry` goes
+  its lease, read the others'; `gateway.replicas.peer_load`) queued by `redis_batch.Coalescer.carry` goes
   at the end of a batch instead of as a command of its own. Its keys have their own hash tag,
   so only a single Redis (not a Cluster) carries one.
 - **Match capacities travel packed** (``MATCH_SPEC_FORMAT``: key index, HBM and host

@@ -29,7 +29,7 @@ The ratio has no unit: a backend whose every second is s times the profile's rea
 **What is measured.** vLLM exports prefill times only summed, in a histogram observed when
 each request finishes; so each sample is a `PrefillInterval`: the growth of that histogram's
 sum between two scrapes, and the predictions for the requests that finished in between
-(`gateway.kappa_feed` decides which intervals are clean). Engine seconds, so neither the
+(`gateway.backends.kappa_feed` decides which intervals are clean). Engine seconds, so neither the
 network, nor the client-side tokenisation, nor a busy gateway host enter them.
 
 **One load scale for both links.** A request loads over the host link or the fleet's KV pool

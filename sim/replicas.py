@@ -9,7 +9,7 @@ on one shared Redis index. What each replica then knows is the question (issue: 
   — so each sees only the 1/N of the fleet's load it routed itself;
 - ``shared`` state: the replicas read one set of ledgers and one in-flight set, as if each
   decision read them from Redis at no delay: the ideal any sharing design approaches;
-- ``synced`` state (the live gateway's design, `gateway.peers`): each replica keeps its own
+- ``synced`` state (the live gateway's design, `gateway.replicas.peer_load`): each replica keeps its own
   ledgers and adds the others' totals, read at each decision (in the index match's round
   trip; writes are modelled as instant) or, with ``sync_interval_s`` > 0, as last exchanged
   on that period; and each replica records a request's chain in the shared index at decision

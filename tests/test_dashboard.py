@@ -1,5 +1,5 @@
 """The monitoring files agree with the code: Prometheus scrapes what listens, Grafana provisions
-it, and every metric the dashboard queries is a sample name the gateway (`gateway.telemetry`)
+it, and every metric the dashboard queries is a sample name the gateway (`gateway.telemetry.metrics`)
 or a real mock backend's ``/metrics`` page exports, with the labels the query uses."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.telemetry import Telemetry
+from gateway.telemetry.metrics import Telemetry
 from mock_vllm.app_factory import build_backend_app, standalone_settings
 from tests.deployment_support import (
     CATALOG,
@@ -168,7 +168,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def gateway_series() -> dict[str, set[str]]:
-    """Sample name -> label names, of every metric `gateway.telemetry.Telemetry` registers."""
+    """Sample name -> label names, of every metric `gateway.telemetry.metrics.Telemetry` registers."""
     telemetry = Telemetry(CollectorRegistry())
     for metric in vars(telemetry).values():
         if isinstance(metric, MetricWrapperBase) and metric._labelnames:

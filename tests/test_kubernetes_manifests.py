@@ -16,7 +16,7 @@ No cluster runs here; nothing is applied. Two kinds of checks:
    the gateway listens on (its real CLI parses the container's argv, `fleet_config` the
    ConfigMap's fleet YAML strictly, with the pod's environment); each environment variable is
    one `fleet_config` reads; the termination grace period covers the gateway's drain and grace
-   period (`gateway.server`); the Redis URL names the Redis Service, and Redis starts with the
+   period (`gateway.serving.server`); the Redis URL names the Redis Service, and Redis starts with the
    manifest's arguments. Renaming a route, a config key, an env variable or a CLI option fails here.
 """
 
@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from fleet_config.settings import Settings, parse_settings
 from gateway.app import create_app
-from gateway.server import TAIL_MARGIN_S
+from gateway.serving.server import TAIL_MARGIN_S
 from tests.deployment_support import CATALOG, ROOT, SERVICES, instruction_args, parse_cli
 from tests.support.redis_server import POLL_INTERVAL_S, free_port
 from tests.support.uvicorn_thread import serve_in_thread

@@ -17,27 +17,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from uvicorn.config import LOG_LEVELS
-from uvicorn.logging import TRACE_LOG_LEVEL
-
-from gateway.access_log import ACCESS_LOGGER
 from gateway.commands.typer_app import app, load_config
+from gateway.serving import logs
 
 
 def configure_logging(log_level: str, *, json_access_log: bool) -> None:
-    """Root logging at ``log_level`` (uvicorn's names, ``trace`` included); the access log's JSON
-    lines, when configured, go to stderr bare (no prefix), so each line parses as JSON."""
-    logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")  # uvicorn's level below DEBUG
-    level = LOG_LEVELS.get(log_level.lower())
-    if level is None:
-        raise typer.BadParameter(f"{log_level!r}: one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if json_access_log:
-        access = logging.getLogger(ACCESS_LOGGER)
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)
-        access.propagate = False
+    """`gateway.serving.logs.configure_logging`, an unknown level a usage error (``--log-level``)."""
+    try:
+        logs.configure_logging(log_level, json_access_log=json_access_log)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level") from exc
 
 
 # uvicorn waits forever for open streams by default (STYLE.md B7): the config sets the bound.
@@ -47,21 +36,21 @@ def serve(
     host: Annotated[str | None, typer.Option("--host", help="listen address (default: the config's)")] = None,
     port: Annotated[int | None, typer.Option("--port", help="listen port (default: the config's)")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="critical|error|warning|info|debug|trace")] = "info",
-    workers: Annotated[int, typer.Option("--workers", min=1, help="gateway processes on the one port, each a full replica (share the Redis index and their load; gateway.commands.workers)")] = 1,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="gateway processes on the one port, each a full replica (share the Redis index and their load; gateway.serving.workers)")] = 1,
 ) -> None:
     """Run the gateway: an OpenAI-compatible proxy that routes the config's fleet by κ.
 
     SIGTERM (or Ctrl-C) drains first: /ready answers 503 for shutdown_drain_delay_s, then the
-    listener closes and requests in flight get graceful_shutdown_timeout_s (gateway.server).
+    listener closes and requests in flight get graceful_shutdown_timeout_s (gateway.serving.server).
     """
     from gateway.app import create_app
-    from gateway.server import GatewayServer
+    from gateway.serving.server import GatewayServer
 
     settings = load_config(config)
     configure_logging(log_level, json_access_log=settings.gateway.access_log_format == "json")
     if workers > 1:
-        from gateway.commands.workers import STOP_MARGIN_S, Supervisor
-        from gateway.server import TAIL_MARGIN_S
+        from gateway.serving.workers import STOP_MARGIN_S, Supervisor
+        from gateway.serving.server import TAIL_MARGIN_S
 
         if settings.index.backend != "redis":
             logging.getLogger("kappa_gateway").warning(

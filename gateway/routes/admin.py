@@ -1,7 +1,7 @@
 """Operator routes: liveness, readiness, metrics, backend state and routing explanations.
 
 ``/v1/kappa/*`` needs the admin key when one is configured, and ``/metrics`` too when
-``gateway.metrics_require_admin_key`` (`gateway.auth`); ``/health`` and ``/ready`` stay open.
+``gateway.metrics_require_admin_key`` (`gateway.edge.auth`); ``/health`` and ``/ready`` stay open.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import BadRequest
-from gateway.body import read_body
+from gateway.edge.body import read_body
 from gateway.routes.deps import State, get_state
-from gateway.routing import load_body
-from gateway.kappa_feed import measured_fields
+from gateway.proxy.routing import load_body
+from gateway.backends.kappa_feed import measured_fields
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.cost import BackendSpec, RequestShape, predict
@@ -140,7 +140,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     the link its loads cross; null where no K makes it transfer-bound) and ``regime``
     (transfer iff kappa_ratio_loaded > kappa_crit); ``kappa_crit_linear`` is the backend's
     T-independent figure, for comparison. ``load_only_reason`` is null, or why the body would be
-    routed on load alone, without prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``)."""
+    routed on load alone, without prefix hashes (`gateway.proxy.routing`: e.g. ``nesting_too_deep``)."""
     slot = gw.admission.admit()
     try:
         raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)

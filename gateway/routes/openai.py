@@ -13,8 +13,8 @@ from fastapi import APIRouter
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.proxy import serve_proxy
-from gateway.routing import Kind
+from gateway.proxy.handler import serve_proxy
+from gateway.proxy.routing import Kind
 from gateway.routes.deps import State
 
 router = APIRouter()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.scrape import parse_vllm_metrics
+from gateway.backends.scrape import parse_vllm_metrics
 from prefix_index import chat_canonical_bytes
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"

@@ -12,7 +12,7 @@ import pytest
 from fleet_config.catalog import default_catalog
 from fleet_config.errors import ConfigError
 from fleet_config.settings import parse_settings
-from gateway.auth import matches
+from gateway.edge.auth import matches
 from tests.integration.gateway_support import backend_doc, run_fakes, run_gateway
 from tests.support.fake_upstream import Script
 

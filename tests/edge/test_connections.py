@@ -1,6 +1,6 @@
 """Connection hygiene at the gateway's listener: read timeouts, keep-alive, the connection cap.
 
-Raw sockets on 127.0.0.1 against a real gateway served as `gateway.server` serves it (the
+Raw sockets on 127.0.0.1 against a real gateway served as `gateway.serving.server` serves it (the
 edge protocol), in front of a real fake upstream. On uvicorn's own protocol (65d19c0) a
 stalled head or body held its socket for ever, an idle keep-alive connection closed after 5 s,
 and nothing capped connections: each test below fails there.

@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
-from gateway.server import uvicorn_options
+from gateway.serving.server import uvicorn_options
 from fleet_config.catalog import default_catalog
 from gateway.commands.fleet import mock_fleet
 from gateway.commands.processes import free_port
-from gateway.peers import PeerLoad
+from gateway.replicas.peer_load import PeerLoad
 from fleet_config.settings import parse_settings
 from mock_vllm.app_factory import build_backend_app, standalone_settings
 from tests.support.fake_upstream import Script, make_app
@@ -72,7 +72,7 @@ def run_gateway(backends: list[dict], *, clock: Callable[[], float] | None = Non
     doc = {"gateway": gateway, "backends": backends, **sections}
     settings = parse_settings(doc, default_catalog(), env={})
     app = create_app(settings, registry=CollectorRegistry(), **({"clock": clock} if clock is not None else {}))
-    # As `gateway.server.GatewayServer` serves it: the edge protocol, the real peer address.
+    # As `gateway.serving.server.GatewayServer` serves it: the edge protocol, the real peer address.
     with serve_in_thread(app, **uvicorn_options(settings)) as url, httpx.Client(base_url=url, timeout=30) as http:
         yield Gateway(url, app, http)
 

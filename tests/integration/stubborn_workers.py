@@ -1,4 +1,4 @@
-"""A `gateway.commands.workers.Supervisor` whose workers ignore SIGTERM and never exit on their own.
+"""A `gateway.serving.workers.Supervisor` whose workers ignore SIGTERM and never exit on their own.
 
 ``python -m tests.integration.stubborn_workers BOUND_S`` prints the worker pids as JSON once both
 serve, then supervises them like ``serve --workers 2`` with a stop bound of ``BOUND_S``. The
@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from gateway.commands.workers import Supervisor
+from gateway.serving.workers import Supervisor
 
 
 def stubborn(config: str, host: str, port: int, log_level: str, sock: object, ready: threading.Event) -> None:

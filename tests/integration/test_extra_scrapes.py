@@ -1,4 +1,4 @@
-"""Extra scrapes for the κ_crit fit (`gateway.backends.BackendSet.scrape_soon`) against a real
+"""Extra scrapes for the κ_crit fit (`gateway.backends.backend_set.BackendSet.scrape_soon`) against a real
 HTTP backend on 127.0.0.1 that serves vLLM's prefill-time histogram and records when it is scraped.
 
 A request's end inside the rate limit's gap used to get no scrape at all, which left a
@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from fleet_config import default_catalog
 from fleet_config.settings import parse_settings
-from gateway.backends import EXTRA_SCRAPE_MIN_GAP_S, BackendSet, BackendState
-from gateway.telemetry import Telemetry
+from gateway.backends.backend_set import EXTRA_SCRAPE_MIN_GAP_S, BackendSet, BackendState
+from gateway.telemetry.metrics import Telemetry
 from tests.integration.gateway_support import backend_doc
 
 pytestmark = pytest.mark.integration

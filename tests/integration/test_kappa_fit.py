@@ -5,7 +5,7 @@ always behind the wall clock — and its ``vllm:request_prefill_time_seconds`` a
 engine's physics to the nanosecond, since the engine keeps its own time. The gateway scrapes
 them every 50 ms; requests go one at a time, so most scrape intervals hold one finished
 request. Everything is real: HTTP, the index and its tiers, the scrape, the interval
-attribution (`gateway.kappa_feed`), the fit (`router.kappa_fit`).
+attribution (`gateway.backends.kappa_feed`), the fit (`router.kappa_fit`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fleet_config import default_catalog
-from gateway.scrape import parse_vllm_metrics
+from gateway.backends.scrape import parse_vllm_metrics
 from router import kappa
 from router.cost import BackendSpec
 from router.kappa_fit import MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS

@@ -1,4 +1,4 @@
-"""Gateway replicas on one Redis see each other's load and prefills in flight (gateway.peers).
+"""Gateway replicas on one Redis see each other's load and prefills in flight (gateway.replicas.peer_load).
 
 Real gateways (two in threads; one as a ``serve`` process killed with SIGKILL) on a real
 redis-server, in front of real fake upstreams that hang, so requests stay in flight.

@@ -1,4 +1,4 @@
-"""The load exchange riding in the prefix index's batches (`gateway.peers.PeerLoad.ride_with`).
+"""The load exchange riding in the prefix index's batches (`gateway.replicas.peer_load.PeerLoad.ride_with`).
 
 Replica A has a real `RedisPrefixIndex` whose batches carry its exchanges; replica B exchanges
 on its own. Both on a real redis-server of this test (SIGSTOPped where Redis must be slow).
@@ -19,7 +19,7 @@ from redis.asyncio.connection import Connection
 
 from dispatch import Target, Ticket
 from fleet_config.catalog import default_catalog
-from gateway.peers import CARRY_WAIT_S, PeerLoad
+from gateway.replicas.peer_load import CARRY_WAIT_S, PeerLoad
 from prefix_index import RedisPrefixIndex, TierCapacity
 from router.cost import BackendSpec
 from tests.integration.gateway_support import replicas_met

@@ -1,4 +1,4 @@
-"""What one load exchange with the other replicas costs and keeps (`gateway.peers`).
+"""What one load exchange with the other replicas costs and keeps (`gateway.replicas.peer_load`).
 
 Two real `PeerLoad`s on a real redis-server of this test (SIGSTOPped where a test needs Redis
 to be slow), real ledgers changed by real tickets. Round trips are counted where they happen:
@@ -19,7 +19,7 @@ from redis.asyncio.connection import Connection
 
 from dispatch import Target, Ticket
 from fleet_config.catalog import default_catalog
-from gateway.peers import SYNC_STRETCH_INTERVALS, PeerLoad
+from gateway.replicas.peer_load import SYNC_STRETCH_INTERVALS, PeerLoad
 from router.cost import BackendSpec
 from tests.integration.gateway_support import replicas_met
 from tests.support.redis_server import frozen, redis_process

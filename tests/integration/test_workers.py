@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.commands.processes import free_port, stop_processes
-from gateway.telemetry import REFRESH_INTERVAL_S
+from gateway.telemetry.metrics import REFRESH_INTERVAL_S
 from tests.integration.gateway_support import MOCK_MODEL, backend_doc, poll, redis_index
 from tests.reliability.relay_support import REPO_ROOT, get_status, refused
 from tests.support.fake_upstream import Script, make_app
@@ -82,7 +82,7 @@ def test_two_workers_share_one_port_one_metrics_page_and_stop_cleanly(redis_url:
                 assert fresh.post(f"{url}/v1/chat/completions", json=BODY).status_code == 200
         # Whichever worker answers /metrics, it reports every worker's requests: its own at
         # once, the other's as of that worker's last flush, at most REFRESH_INTERVAL_S ago
-        # (gateway.metric_values) ...
+        # (gateway.telemetry.metric_values) ...
         poll(lambda: metric(url, "gateway_requests_total", status="ok") == 20, "both workers' counts on /metrics",
              timeout_s=3 * REFRESH_INTERVAL_S)
         # ... and every worker, then, reports all of them.

@@ -1,4 +1,4 @@
-"""The figures replicas exchange (`gateway.peer_figures`): their format and their sums."""
+"""The figures replicas exchange (`gateway.replicas.figures`): their format and their sums."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from dispatch import Target, Ticket
 from fleet_config.catalog import default_catalog
-from gateway.peer_figures import pack_figures, sum_figures
+from gateway.replicas.figures import pack_figures, sum_figures
 from router.cost import BackendSpec
 
 CATALOG = default_catalog()

@@ -13,7 +13,7 @@ import asyncio
 
 from dispatch import Target
 from fleet_config.catalog import default_catalog
-from gateway.peers import PeerLoad
+from gateway.replicas.peer_load import PeerLoad
 from router.cost import BackendSpec
 
 CATALOG = default_catalog()

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_config import default_catalog
-from gateway.scrape import BackendMetrics, parse_vllm_metrics, read_families
-from gateway.sse import SseObserver, error_tail, usage_from_body
+from gateway.backends.scrape import BackendMetrics, parse_vllm_metrics, read_families
+from gateway.proxy.sse import SseObserver, error_tail, usage_from_body
 from mock_vllm.app_factory import idle_metrics_page
 
 
@@ -153,7 +153,7 @@ def test_parse_vllm_metrics() -> None:
 @pytest.mark.parametrize("page", ["", "\n\n", "# HELP x y\n# TYPE x counter\n\n", "process_start_time_seconds 1.7e9\n",
                                   "# TYPE vllm:prompt_tokens counter\nprocess_start_time_seconds 1.7e9\n"])
 def test_a_page_without_engine_samples_is_a_failed_scrape(page: str) -> None:
-    """Read as all zeros, its counters would look reset: gateway/backends.py would take the backend
+    """Read as all zeros, its counters would look reset: gateway/backends/backend_set.py would take the backend
     for restarted and forget its index entries (it did, for an empty 200 page)."""
     with pytest.raises(ValueError):
         parse_vllm_metrics(page)
@@ -169,7 +169,7 @@ def test_parse_invalid() -> None:
 
 @pytest.mark.parametrize("page", ["unit", "mock"])
 def test_the_lines_read_give_what_the_whole_page_gives(page: str) -> None:
-    """Only the samples read go to the parser (gateway/scrape.py): the figures are those of the
+    """Only the samples read go to the parser (gateway/backends/scrape.py): the figures are those of the
     whole page parsed, on this test's page and on the mock vLLM's (~330 lines, ~20 read)."""
     text = VLLM_METRICS if page == "unit" else idle_metrics_page("llama-3.1-8b", "h100-sxm", default_catalog())
     whole = read_families(text_string_to_metric_families(text))
@@ -183,7 +183,7 @@ def test_the_lines_read_give_what_the_whole_page_gives(page: str) -> None:
 @pytest.mark.parametrize("body", ["<html><body>Bad gateway</body></html>\n", '{"error": "upstream"}\n',
                                   "Internal Server Error\n", "upstream connect error or disconnect\n"])
 def test_an_error_page_is_a_failed_scrape_not_zero_counters(body: str) -> None:
-    """Zeroed counters would read as an engine restart (gateway/backends.py forgets its index entries)."""
+    """Zeroed counters would read as an engine restart (gateway/backends/backend_set.py forgets its index entries)."""
     with pytest.raises(ValueError):
         parse_vllm_metrics(body)
     if body[0] in "<{":  # a line that cannot start a sample fails the page, whatever else it holds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dispatch import BackendMetrics
-from gateway.backends import _restarted
+from gateway.backends.backend_set import _restarted
 
 
 @pytest.mark.parametrize(("previous", "current", "expected"), [

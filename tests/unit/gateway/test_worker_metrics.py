@@ -1,5 +1,5 @@
 """A ``serve --workers`` worker's metrics read its pid once and write their files at a flush, not at
-every update (`gateway.commands.workers`, `gateway.metric_values`).
+every update (`gateway.serving.workers`, `gateway.telemetry.metric_values`).
 
 prometheus-client's multiprocess mode asks ``os.getpid()`` at each ``inc``/``observe`` to notice a
 fork; a spawned worker never forks, so `metrics_pid_read_once` has it read the pid once. Two real
@@ -24,7 +24,7 @@ UPDATES = 1000
 WORKER = f"""
 import json, os, sys
 if sys.argv[1] == "read-once":
-    from gateway.commands.workers import metrics_pid_read_once
+    from gateway.serving.workers import metrics_pid_read_once
     metrics_pid_read_once()
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 registry = CollectorRegistry()
@@ -46,7 +46,7 @@ for _ in range({UPDATES}):
 sys.setprofile(None)
 updates_writes = writes
 if sys.argv[1] == "read-once":
-    from gateway import metric_values
+    from gateway.telemetry import metric_values
     sys.setprofile(count)
     metric_values.flush()
     metric_values.flush()  # nothing changed since: writes nothing
@@ -72,7 +72,7 @@ def test_a_worker_reads_its_pid_once_writes_at_flush_and_the_workers_metrics_sti
     assert default["update_writes"] == 4 * UPDATES
     assert once["getpid_calls"] == 0
     # ... with it, the updates write nothing; the flush writes each updated value once: the
-    # counter, the histogram's sum and its one bucket hit, the gauge (gateway.metric_values).
+    # counter, the histogram's sum and its one bucket hit, the gauge (gateway.telemetry.metric_values).
     assert once["update_writes"] == 0
     assert once["flush_writes"] == 4
     # Each process's files still carry its own pid (what the supervisor's mark_process_dead names) ...

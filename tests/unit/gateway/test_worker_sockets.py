@@ -1,5 +1,5 @@
 """``serve --workers N`` gives each worker a listening socket of its own on the one port
-(`gateway.commands.workers.bind`), so the kernel spreads connections over them.
+(`gateway.serving.workers.bind`), so the kernel spreads connections over them.
 
 Real sockets on 127.0.0.1. Before, the workers shared one socket and the first to wake took
 every connection waiting: the overhead bench's 32 connections split 1:31, 3:29, 0:32.
@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.commands.workers import REUSE_PORT, bind
+from gateway.serving.workers import REUSE_PORT, bind
 
 pytestmark = pytest.mark.skipif(not REUSE_PORT, reason="SO_REUSEPORT spreads connections on Linux only")
 

@@ -21,7 +21,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from gateway.errors import UpstreamError, UpstreamReset, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from gateway.request_ids import attempt_suffix
+from gateway.edge.request_ids import attempt_suffix
 
 # RFC 9110 §7.6.1 connection-specific headers, plus ones the proxy recomputes. `Expect`: the
 # gateway already holds the whole body, so a `100-continue` would only make an upstream that
@@ -75,7 +75,7 @@ def forward_headers(client_headers: Mapping[str, str], client_host: str | None, 
 
 def attempt_request_id(request_id: str) -> str:
     """A unique ``X-Request-Id`` for one upstream attempt: the client's id (or the gateway's)
-    plus a suffix unique to this call (`gateway.request_ids.attempt_suffix`: the process's random
+    plus a suffix unique to this call (`gateway.edge.request_ids.attempt_suffix`: the process's random
     tag and a counter), so two requests that share a client id, or a request and its retry, never
     reach a backend under one id (vLLM rejects or confuses duplicates), even from two replicas."""
     return f"{request_id}-{attempt_suffix()}"

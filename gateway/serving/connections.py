@@ -20,7 +20,7 @@ protocol with what nginx and Envoy add (``fleet_config.edge`` has the keys and d
   or forwarded;
 - a malformed request head is answered with an OpenAI-shaped ``400`` (uvicorn's is plain text);
 - **the client leaving** is told to the request at once: ``scope[CLIENT_GONE]`` makes a future
-  that ``connection_lost`` resolves (`gateway.attempts.ClientWatch`), so waiting on a backend
+  that ``connection_lost`` resolves (`gateway.proxy.attempts.ClientWatch`), so waiting on a backend
   needs no task reading ASGI messages to notice a disconnect.
 
 The keep-alive timeout is uvicorn's own (``timeout_keep_alive``), set from the config.

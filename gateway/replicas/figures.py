@@ -1,4 +1,4 @@
-"""What replicas exchange through Redis (`gateway.peers`): the script, the figures' format, their sums.
+"""What replicas exchange through Redis (`gateway.replicas.peer_load`): the script, the figures' format, their sums.
 
 Each replica keeps, per backend of its config, three figures in its hash
 ``<key_prefix>:{peers}:r:<replica id>`` (field: backend id): in-flight requests, KV demand bytes and

@@ -5,7 +5,7 @@ and each is caught here and answered by forgetting (``gateway_index_resets_total
 reason}``, one warning per holder and reason, later ones at debug level):
 
 * ``restart``: a backend's ``/metrics`` shows a new ``process_start_time_seconds``, or one
-  of vLLM's counters went backwards (`gateway.backends`): its entries are forgotten.
+  of vLLM's counters went backwards (`gateway.backends.backend_set`): its entries are forgotten.
 * ``kv-pool-backends-restarted``: every backend sharing the KV pool restarted within
   `KV_POOL_RESTART_WINDOW_S` of each other. The gateway cannot scrape the pool itself; a
   fleet that restarts as one (``kappa-gateway mock-fleet`` runs its mocks and their pool in
@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatch import Dispatcher, Plan
-from gateway.backends import BackendSet, BackendState
-from gateway.telemetry import Telemetry
+from gateway.backends.backend_set import BackendSet, BackendState
+from gateway.telemetry.metrics import Telemetry
 from prefix_index import KV_POOL_ID
 from router.types import Candidate
 
@@ -89,7 +89,7 @@ class IndexTruth:
         await self._dispatcher.record(plan.request.model, state, plan.request.hashes)
 
     async def restarted(self, backend_id: str) -> None:
-        """A backend restarted (`gateway.backends.BackendSet`): forget it, and the pool if every
+        """A backend restarted (`gateway.backends.backend_set.BackendSet`): forget it, and the pool if every
         backend sharing it has now restarted within `KV_POOL_RESTART_WINDOW_S`."""
         if await self._dispatcher.forget(self._backends.by_id[backend_id]):
             self._reset(backend_id, "restart")  # the backend set has logged the restart

@@ -1,7 +1,7 @@
 """Relaying a backend's response after its first byte, and settling the request exactly once.
 
 A stream passes to the client as the backend sends it, complete SSE events at a time
-(`gateway.sse.SseObserver`), and always ends in one of three ways:
+(`gateway.proxy.sse.SseObserver`), and always ends in one of three ways:
 
 - the backend's own end (bytes unchanged; also after ``data: [DONE]`` when the backend then
   resets or closes uncleanly: the stream was complete, it counts as ``ok`` with its usage);
@@ -17,7 +17,7 @@ disconnect and the end of the grace period.
 
 Settling releases the ticket, counts ``gateway_requests_total{status}`` and, for a complete
 answer, observes the time to its response headers, TTFT, ITL, E2E, κ, the prompt tokens by
-source, the measured κ_crit fit (`gateway.kappa_feed`) and the usage the backend reported.
+source, the measured κ_crit fit (`gateway.backends.kappa_feed`) and the usage the backend reported.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from dispatch import Plan
-from gateway.attempts import ClientWatch, FirstByte
-from gateway.connections import CLIENT_GONE
+from gateway.proxy.attempts import ClientWatch, FirstByte
+from gateway.serving.connections import CLIENT_GONE
 from gateway.errors import ClientGone, ShuttingDown, UpstreamReset, UpstreamTimeout
-from gateway.kappa_feed import prediction
-from gateway.sse import SseObserver, error_tail, usage_from_body
+from gateway.backends.kappa_feed import prediction
+from gateway.proxy.sse import SseObserver, error_tail, usage_from_body
 from gateway.state import GatewayState
 
 log = logging.getLogger("kappa_gateway.proxy")
@@ -226,7 +226,7 @@ class RelayedStream(StreamingResponse):
 
     Under ASGI 2.3 (uvicorn's) Starlette runs each stream in an anyio task group beside a task
     that reads ASGI messages until ``http.disconnect``. Under the gateway's edge protocol the
-    connection tells the request instead (`gateway.connections.CLIENT_GONE`): its future
+    connection tells the request instead (`gateway.serving.connections.CLIENT_GONE`): its future
     cancels the stream from a done callback, and the stream's generator is closed, so the
     relay settles ``client_disconnect`` as before, with no task group or second task per
     stream. Elsewhere it is Starlette's response unchanged.

@@ -1,14 +1,14 @@
 """The proxy path of one OpenAI request: check, admit, read, route, get a first byte, relay.
 
-DESIGN.md §1 steps 5–6. A request first passes the client-key check (`gateway.auth`) and
-admission (`gateway.admission`: requests and body bytes held at once), then its body is read
-(`gateway.body`: size limit, ``Content-Encoding``). The body goes upstream as the client sent
+DESIGN.md §1 steps 5–6. A request first passes the client-key check (`gateway.edge.auth`) and
+admission (`gateway.edge.admission`: requests and body bytes held at once), then its body is read
+(`gateway.edge.body`: size limit, ``Content-Encoding``). The body goes upstream as the client sent
 it (decoded if it was compressed; each attempt with its own ``X-Request-Id``, the client's
 address appended to ``X-Forwarded-For``); streams come back as they arrive; the response
 carries the routing headers (``x-kappa-backend``, ``x-kappa-ratio``, ``x-kappa-ratio-loaded``,
 ``x-kappa-crit``, ``x-kappa-regime`` (`kappa_headers`), ``x-request-id``: the client's own id
 when it is a safe token, else the gateway's). Attempts, the one deadline and retries:
-`gateway.attempts`; the relay after the first byte and the bookkeeping: `gateway.relay`.
+`gateway.proxy.attempts`; the relay after the first byte and the bookkeeping: `gateway.proxy.relay`.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import Slot
-from gateway.answers import error_response
-from gateway.attempts import ClientWatch, first_byte
-from gateway.body import read_body
+from gateway.edge.admission import Slot
+from gateway.edge.answers import error_response
+from gateway.proxy.attempts import ClientWatch, first_byte
+from gateway.edge.body import read_body
 from gateway.errors import ClientGone, GatewayError
-from gateway.relay import Relay, RelayedStream
-from gateway.request_ids import new_request_id
-from gateway.routing import Kind
+from gateway.proxy.relay import Relay, RelayedStream
+from gateway.edge.request_ids import new_request_id
+from gateway.proxy.routing import Kind
 from gateway.state import GatewayState
-from gateway.upstream import forward_headers, response_headers
+from gateway.proxy.upstream import forward_headers, response_headers
 from router.types import Candidate
 
 UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -42,7 +42,7 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
 def request_id_of(value: str | None) -> str:
     """The request's id: the client's ``X-Request-Id`` when safe (`_SAFE_REQUEST_ID`), else a new one
-    (`gateway.request_ids.new_request_id`: 32 hex characters)."""
+    (`gateway.edge.request_ids.new_request_id`: 32 hex characters)."""
     if value is not None and _SAFE_REQUEST_ID.fullmatch(value):
         return value
     return new_request_id()
@@ -131,7 +131,7 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
     up_headers = forward_headers(request.headers, client.host if client else None,
                                  authorization=gw.settings.gateway.forward_authorization)
     if "content-encoding" in request.headers:
-        up_headers.popall("Content-Encoding", None)  # the body goes up decoded (gateway.body)
+        up_headers.popall("Content-Encoding", None)  # the body goes up decoded (gateway.edge.body)
     watch = ClientWatch(request)
     try:
         sent = await first_byte(gw, plan, raw, up_headers, watch, path=UPSTREAM_PATHS[kind], received_s=received_s,
@@ -140,7 +140,7 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
             slot.release_body()  # no retry can re-send it now
         resp = sent.resp
         # The backend ran the prefill: its cache (and the pool) hold the chain. With peers the backend
-        # was recorded when the request was sent (gateway.peers): the pool now.
+        # was recorded when the request was sent (gateway.replicas.peer_load): the pool now.
         holders: Literal["both", "kv_pool"] = "both" if gw.peers is None else "kv_pool"
         if resp.status < 400 and gw.routing.dispatcher.records_anything(parsed.hashes, holders):
             gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes, holders=holders))

@@ -31,10 +31,10 @@ backends the others already loaded (measured in the simulator: ``bench/replicas.
   charges vanish from the others' view within ``lease_s``; readers drop expired members;
 - the chains of requests in flight reach the other replicas through the index itself: with
   peers on, a request's chain is recorded when it is sent, not at its first byte
-  (`gateway.attempts`), so another replica routes a question about a document whose prefill
+  (`gateway.proxy.attempts`), so another replica routes a question about a document whose prefill
   is still running to where it runs.
 
-An exchange is one Redis command whatever it carries (`gateway.peer_figures`: the script, why
+An exchange is one Redis command whatever it carries (`gateway.replicas.figures`: the script, why
 one command, the lease).
 
 On a single Redis (not a Cluster, where these keys are in another slot than a model's), the
@@ -75,7 +75,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from dispatch import Target
-from gateway.peer_figures import EXCHANGE_LUA, pack_figures, replica_id, sum_figures, text
+from gateway.replicas.figures import EXCHANGE_LUA, pack_figures, replica_id, sum_figures, text
 from prefix_index.redis_batch import Rider
 
 log = logging.getLogger("kappa_gateway.peers")

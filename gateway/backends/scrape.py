@@ -10,7 +10,7 @@ A vLLM page is ~30 KB and ~330 lines, most of them histogram buckets: the parser
 for all of it, ~0.4 ms with only the ~20 lines read (`bench/scrape_parse.py`), and every gateway
 worker scrapes every backend each ``scrape_interval_s`` (8 backends at 1 s: ~4.7% of a core per
 worker before). An error page is a failed scrape, never an engine whose counters read zero
-(which `gateway.backends` would take for a restart): a line that cannot be a sample (it starts
+(which `gateway.backends.backend_set` would take for a restart): a line that cannot be a sample (it starts
 with neither a metric name nor ``#``: HTML, JSON) still goes to the parser, which refuses it, and
 a page without any ``vllm:`` sample read here (empty, comments only, only
 ``process_start_time_seconds``, plain text) raises. A malformed line of a family not read here

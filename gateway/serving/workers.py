@@ -18,13 +18,13 @@ worker whose event loop hangs keeps getting its share of new connections, which 
 shared socket the others would have taken them); the outlier detection of a load balancer in
 front, or the worker's end, ends that. Elsewhere than Linux, one shared socket.
 Each worker is a whole gateway
-(`gateway.server.GatewayServer`): its own event loop, backend health checks and ledgers.
+(`gateway.serving.server.GatewayServer`): its own event loop, backend health checks and ledgers.
 With a Redis index the workers share the prefix index and exchange their load
-(`gateway.peers`) like replicas on separate machines; with the embedded memory index each
+(`gateway.replicas.peer_load`) like replicas on separate machines; with the embedded memory index each
 worker has an index of its own (``serve`` warns).
 
 Signals: the parent forwards SIGTERM/SIGINT to every worker, which drains on its own
-(`gateway.server`: ``/ready`` 503, then the listener closes, then the grace period); a second
+(`gateway.serving.server`: ``/ready`` 503, then the listener closes, then the grace period); a second
 signal skips the drains, a third forces the exits. Workers run in their own process group
 (a terminal's Ctrl-C reaches them once, through the parent) and get SIGTERM if the parent
 dies (Linux ``PR_SET_PDEATHSIG``). A worker that dies while the parent is not stopping is
@@ -34,7 +34,7 @@ parent then stops them all). The parent exits 0 when every worker exited 0 after
 Metrics: ``/metrics`` on any worker reports the sum over all of them, through
 prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a fresh directory the
 parent makes and removes; each gauge declares how workers' values combine,
-`gateway.telemetry`). A dead worker's live gauges are dropped (``mark_process_dead``). In that
+`gateway.telemetry.metrics`). A dead worker's live gauges are dropped (``mark_process_dead``). In that
 mode every ``inc``/``set``/``observe`` first asks prometheus-client whether the process forked
 (``MmapedValue.__check_for_pid_change`` calls ``os.getpid()``, a system call, each time: ~5% of a
 worker's CPU under load, py-spy). A worker is spawned, never forks after it made its metrics,
@@ -44,7 +44,7 @@ and its pid cannot change, so it reads its pid once, before any metric exists
 0.26 ``values.py``; its contract: distinct values in processes running at the same time, which
 the pid is). The files stay ``<type>_<pid>.db``, so the parent's ``mark_process_dead(pid)`` and
 the collector work as before. And a worker's values are written to those files about once a
-second, not at each update (`gateway.metric_values`): ``/metrics`` shows the other workers'
+second, not at each update (`gateway.telemetry.metric_values`): ``/metrics`` shows the other workers'
 values as of at most ~1 s ago, and a worker killed with SIGKILL loses its last second of counts.
 """
 
@@ -128,12 +128,12 @@ def _die_with_parent() -> None:
 def metrics_pid_read_once() -> None:
     """Make the metrics this process creates from now on name it by the pid it has now, read
     once, instead of calling ``os.getpid()`` at every update, and write their files at
-    `gateway.metric_values.flush` (module docstring). Only for a process that will not fork,
+    `gateway.telemetry.metric_values.flush` (module docstring). Only for a process that will not fork,
     called before it creates any metric; a no-op outside prometheus-client's multiprocess mode
     (``PROMETHEUS_MULTIPROC_DIR`` unset)."""
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         return
-    from gateway import metric_values
+    from gateway.telemetry import metric_values
 
     metric_values.install(os.getpid())
 
@@ -163,11 +163,11 @@ def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <worker>` dumps its threads' stacks to stderr
     from gateway.app import create_app
-    from gateway.commands.cli import configure_logging
-    from gateway.commands.typer_app import load_config
-    from gateway.server import GatewayServer
+    from fleet_config import default_catalog, load_settings
+    from gateway.serving.logs import configure_logging
+    from gateway.serving.server import GatewayServer
 
-    settings = load_config(Path(config))
+    settings = load_settings(Path(config), default_catalog())  # the parent's `serve` checked it
     configure_logging(log_level, json_access_log=settings.gateway.access_log_format == "json")
     class Worker(GatewayServer):
         async def startup(self, sockets: list | None = None) -> None:

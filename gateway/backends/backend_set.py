@@ -6,15 +6,15 @@ ejection (Envoy's term): a backend that hung on a request — silent past the id
 failing its health check while a request waited on it — stays out for ``outlier_ejection_s``
 whatever its health checks say. Requests waiting for a backend's first byte watch its
 `BackendSet.down_signal`, so they stop waiting the moment it leaves rotation.
-Scraping: ``GET /metrics`` every ``scrape_interval_s`` (`gateway.scrape`): queue depth, KV
+Scraping: ``GET /metrics`` every ``scrape_interval_s`` (`gateway.backends.scrape`): queue depth, KV
 usage, block size and KV capacity from ``vllm:cache_config_info``, and
 ``process_start_time_seconds`` — when it changes, or any of vLLM's counters (prefix-cache
 queries, prompt and generation tokens, successful requests) goes backwards, the backend
-restarted with an empty cache and the index forgets it (`gateway.index_truth`). The counters
+restarted with an empty cache and the index forgets it (`gateway.backends.index_truth`). The counters
 matter where the start time is missing: vLLM serving with several API server processes
 exports its metrics in Prometheus' multiprocess mode, which has no ``process_*`` series.
 A restart no scrape saw (one with nothing to compare) is caught from usage instead.
-Each scrape also closes an interval of the backend's prefill times for its κ_crit fit (`gateway.kappa_feed`).
+Each scrape also closes an interval of the backend's prefill times for its κ_crit fit (`gateway.backends.kappa_feed`).
 
 Each backend's state is a `dispatch.Target` (its spec, last scrape and ledger, what the
 routing pipeline reads) plus what only the edge needs: its config entry, health, and the
@@ -33,9 +33,9 @@ import aiohttp
 
 from dispatch import BackendMetrics, Target
 from fleet_config.settings import BackendEntry
-from gateway.kappa_feed import PrefillFeed
-from gateway.scrape import parse_vllm_metrics
-from gateway.telemetry import Telemetry
+from gateway.backends.kappa_feed import PrefillFeed
+from gateway.backends.scrape import parse_vllm_metrics
+from gateway.telemetry.metrics import Telemetry
 from router.cost import BackendSpec
 from router.kappa_fit import KappaCritFit
 from router.profiles import GB
@@ -153,7 +153,7 @@ class BackendSet:
         """Scrape ``state`` off the regular period, as soon as EXTRA_SCRAPE_MIN_GAP_S has passed since
         its last scrape began: the κ_crit fit asks for it when a request ends that its interval
         could not attribute, or a load-bound one, so that the requests finishing after it fall in
-        a fresh interval (`gateway.kappa_feed`). A request inside the gap is deferred to its end,
+        a fresh interval (`gateway.backends.kappa_feed`). A request inside the gap is deferred to its end,
         not dropped (dropped, it left a load-bound request's interval open until the next regular
         scrape, for others to spoil); one scrape is due per backend at a time, and it is skipped
         when another scrape of the backend began after it was asked for. Does nothing before

@@ -1,7 +1,7 @@
 """Request ids without a system call per request: a random tag per process, then a counter.
 
 The gateway names every request it serves (when the client's ``X-Request-Id`` is not a safe
-token, `gateway.proxy.request_id_of`) and every upstream attempt (`gateway.upstream`). Those
+token, `gateway.proxy.handler.request_id_of`) and every upstream attempt (`gateway.proxy.upstream`). Those
 ids must be unique — vLLM rejects or confuses two requests in flight under one id — but they
 are not secrets: they are echoed to the client and logged. ``uuid4()`` and
 ``secrets.token_hex`` read the kernel's random source on every call, which cost ~5% of the

@@ -5,11 +5,11 @@ As Envoy's router does (``retry_on``, ``num_retries``, ``per_try_timeout``, the 
 
 - **One deadline.** ``upstream_first_byte_timeout_s`` runs from the gateway's receipt of the
   request over every attempt; ``upstream_per_try_timeout_s`` optionally caps each one.
-- **Phases of an attempt** (`gateway.upstream.open_response`): a streamed request's headers
+- **Phases of an attempt** (`gateway.proxy.upstream.open_response`): a streamed request's headers
   come at once from vLLM, so they are bounded by the idle timeout and its first event by the
   deadline (the queue and the prefill); a non-streamed answer comes whole after the
   generation, so its headers are bounded by the deadline and its first bytes by the idle
-  timeout. Missing an idle bound ejects the backend (`gateway.backends.BackendSet.eject`).
+  timeout. Missing an idle bound ejects the backend (`gateway.backends.backend_set.BackendSet.eject`).
 - **While it waits** for the first byte the attempt also watches the client (a disconnect
   cancels it within one event-loop turn: the upstream connection is closed and every charge
   released, and nothing is retried for a client that has gone), the backend (if it fails its
@@ -19,7 +19,7 @@ As Envoy's router does (``retry_on``, ``num_retries``, ``per_try_timeout``, the 
 - **Retries** go to the next backend of the ranking when the failure's kind is in
   ``retry.retry_on`` (default connect failures, resets and 5xx, not timeouts), at most
   ``retry.max_retries`` times, never for a body over ``retry.max_body_bytes``.
-- **Each attempt has its own X-Request-Id** (`gateway.upstream.attempt_request_id`).
+- **Each attempt has its own X-Request-Id** (`gateway.proxy.upstream.attempt_request_id`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from multidict import CIMultiDict
 from starlette.requests import Request
 
 from dispatch import Plan, Ticket
-from gateway.backends import BackendState
-from gateway.connections import CLIENT_GONE
+from gateway.backends.backend_set import BackendState
+from gateway.serving.connections import CLIENT_GONE
 from gateway.errors import (
     ClientGone,
     ShuttingDown,
@@ -45,9 +45,9 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from gateway.kappa_feed import DispatchTiming
+from gateway.backends.kappa_feed import DispatchTiming
 from gateway.state import GatewayState
-from gateway.upstream import Bound, attempt_request_id, open_response
+from gateway.proxy.upstream import Bound, attempt_request_id, open_response
 from router.types import Candidate
 
 log = logging.getLogger("kappa_gateway.proxy")
@@ -62,12 +62,12 @@ class FirstByte:
     ticket: Ticket
     resp: aiohttp.ClientResponse
     first: bytes
-    timing: DispatchTiming  # its queue and headers time (gateway.kappa_feed)
+    timing: DispatchTiming  # its queue and headers time (gateway.backends.kappa_feed)
 
 
 class ClientWatch:
     """Notices the client disconnecting while the gateway waits on a backend. Under the
-    gateway's own server the connection tells it (`gateway.connections.CLIENT_GONE`); under
+    gateway's own server the connection tells it (`gateway.serving.connections.CLIENT_GONE`); under
     another ASGI server a task reads the request's next ASGI message, which after the body
     is ``http.disconnect``. Stop it before handing the connection to a streaming response,
     which listens for that message itself."""
@@ -123,7 +123,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         feed, sent_s = state.prefill_feed, gw.clock()
         sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
         ticket = gw.routing.charge(plan, candidate)
-        # Other replicas learn of the prefill in flight through the index (gateway.peers).
+        # Other replicas learn of the prefill in flight through the index (gateway.replicas.peer_load).
         if gw.peers is not None and gw.routing.dispatcher.records_anything(plan.request.hashes, "backend"):
             gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes, holders="backend"))
         up_headers = headers.copy()

@@ -28,7 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fleet_config import Settings
-from gateway.connections import edge_protocol
+from gateway.serving.connections import edge_protocol
 
 log = logging.getLogger("kappa_gateway")
 
@@ -39,7 +39,7 @@ TAIL_MARGIN_S = 2.0
 def uvicorn_options(settings: Settings) -> dict[str, object]:
     """The `uvicorn.Config` keywords the gateway is served with (also by tests serving it in a
     thread): the edge protocol bounds slow and idle clients and caps connections
-    (`gateway.connections`); the keep-alive timeout is the config's; ``proxy_headers`` is off, as
+    (`gateway.serving.connections`); the keep-alive timeout is the config's; ``proxy_headers`` is off, as
     uvicorn would otherwise replace the peer's address with the last X-Forwarded-For entry, and
     the gateway appends the real peer to that header itself."""
     g = settings.gateway

@@ -36,10 +36,10 @@ import orjson
 
 from dispatch import Dispatcher, Plan, RoutableRequest, Ticket
 from fleet_config.settings import Settings
-from gateway.backends import BackendSet, BackendState
+from gateway.backends.backend_set import BackendSet, BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
-from gateway.index_truth import IndexTruth
-from gateway.telemetry import Telemetry
+from gateway.backends.index_truth import IndexTruth
+from gateway.telemetry.metrics import Telemetry
 from prefix_index import (
     CanonicalizationError,
     IndexCircuitOpen,
@@ -222,7 +222,7 @@ class RoutingService:
 
     async def forget(self, backend_id: str) -> None:
         """Drop a restarted backend's entries, and the pool's if the whole fleet restarted (the
-        backend set's restart hook; `gateway.index_truth.IndexTruth.restarted`)."""
+        backend set's restart hook; `gateway.backends.index_truth.IndexTruth.restarted`)."""
         await self.index_truth.restarted(backend_id)
 
     async def forget_stale(self, holders: tuple[str, ...], plan: RoutePlan, state: BackendState) -> None:

@@ -39,7 +39,7 @@ Streamed or not makes no difference: the engine times the prefill either way. A 
 that does not export the histogram gets no measured κ_crit. When a request that spoils its
 interval ends, and when a load-bound one (the scarce kind) ends, the backend is scraped at
 once, or when 0.2 s have passed since its last scrape began
-(`gateway.backends.BackendSet.scrape_soon`): fewer requests share an interval with either. On
+(`gateway.backends.backend_set.BackendSet.scrape_soon`): fewer requests share an interval with either. On
 the demo's traffic that is about one extra scrape per backend every 3 s (BENCHMARKS.md).
 """
 
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from router.kappa_fit import PrefillInterval, PrefillPrediction
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.backends.backend_set import BackendState
     from router.cost import BackendSpec
     from router.types import Candidate
 
@@ -73,7 +73,7 @@ MAX_MERGED_SCRAPES = 3
 
 @dataclass(frozen=True, slots=True)
 class DispatchTiming:
-    """What `gateway.attempts.first_byte` saw of one attempt.
+    """What `gateway.proxy.attempts.first_byte` saw of one attempt.
 
     Attributes:
         sent_s: ``gw.clock()`` when it was sent.

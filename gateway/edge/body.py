@@ -18,7 +18,7 @@ import zlib
 
 from starlette.requests import Request
 
-from gateway.admission import Slot
+from gateway.edge.admission import Slot
 from gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType, excerpt
 
 DECODABLE = ("gzip", "x-gzip", "deflate", "identity")
@@ -55,7 +55,7 @@ async def read_body(request: Request, limit_bytes: int, slot: Slot | None = None
         PayloadTooLarge: the body (or its decoded form) is over ``limit_bytes``.
         UnsupportedMediaType: a ``Content-Encoding`` other than gzip/deflate/identity.
         BadRequest: a gzip/deflate body that does not decode.
-        Overloaded: the gateway's body-byte budget is spent (`gateway.admission`).
+        Overloaded: the gateway's body-byte budget is spent (`gateway.edge.admission`).
         starlette.requests.ClientDisconnect: the client left mid-body.
     """
     codings = content_codings(request.headers.get("content-encoding"))

@@ -11,7 +11,7 @@ twice what the same updates cost in one process's plain in-memory values.
 `install` makes the metrics a worker creates from then on keep their value in memory and write
 it to the file only at `flush`: a value updated since the last flush is written once, whatever
 the number of updates. The gateway flushes every ``REFRESH_INTERVAL_S`` (1 s, with the
-callback gauges it writes then: `gateway.telemetry.Telemetry.refresh`), before its own
+callback gauges it writes then: `gateway.telemetry.metrics.Telemetry.refresh`), before its own
 ``/metrics`` page, and when the worker stops. So:
 
 - ``/metrics`` served by a worker shows its own values exactly and the other workers' as of
@@ -20,7 +20,7 @@ callback gauges it writes then: `gateway.telemetry.Telemetry.refresh`), before i
   its in-flight requests are lost with it anyway); a worker that stops cleanly loses none.
 
 The value class is prometheus-client's own ``MultiProcessValue`` class (the pid read once, as
-before: `gateway.commands.workers.metrics_pid_read_once`), with only its two writing methods
+before: `gateway.serving.workers.metrics_pid_read_once`), with only its two writing methods
 deferred; reading (``get``), the file names and the collector are prometheus-client's.
 Single-threaded by design, as the worker's event loop is: an update from another thread
 between a flush's swap and its writes is kept for the next flush, never lost.

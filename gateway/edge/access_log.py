@@ -3,7 +3,7 @@
 Fields (``-`` where a request never got that far)::
 
     ts           wall-clock time the request ended, ISO 8601 UTC
-    request_id   the client's ``X-Request-Id`` (when it is a safe token, `gateway.proxy`) or the gateway's
+    request_id   the client's ``X-Request-Id`` (when it is a safe token, `gateway.proxy.handler`) or the gateway's
     route        chat | completion
     model        the served model name (only a configured name: never a client's raw value)
     backend      the backend that answered, or none
@@ -39,7 +39,7 @@ class AccessLog:
     """Writes the lines, when enabled.
 
     Args:
-        enabled: ``gateway.access_log``.
+        enabled: ``gateway.edge.access_log``.
         json_lines: ``gateway.access_log_format == "json"``.
     """
 

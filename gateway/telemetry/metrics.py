@@ -37,7 +37,7 @@ transfer-bound share read 0 after transfer-bound requests).
 | ``gateway_index_degraded`` | gauge | — (1 while the Redis index's circuit breaker is open or half-open, else 0) |
 | ``gateway_index_seconds`` | histogram | op |
 | ``gateway_bytes_per_token`` | gauge | model (calibrated from backends' usage) |
-| ``gateway_peer_replicas`` | gauge | (replicas seen at the last load exchange, `gateway.peers`) |
+| ``gateway_peer_replicas`` | gauge | (replicas seen at the last load exchange, `gateway.replicas.peer_load`) |
 | ``gateway_peer_sync_errors_total`` | counter | |
 | ``gateway_admin_unauthorized_total`` | counter | (admin routes refused for a missing or wrong key) |
 | ``gateway_load_only_requests_total`` | counter | reason = nesting_too_deep (body relayed without prefix hashes) |
@@ -51,7 +51,7 @@ import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from gateway import metric_values
+from gateway.telemetry import metric_values
 
 # prometheus-client's multiprocess mode (``serve --workers``): chosen by this variable at import,
 # as prometheus-client itself decides. Gauges then combine over workers by their
@@ -73,9 +73,9 @@ DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 
 
 # The closed sets of ``gateway_requests_total``'s labels (created at 0 by `Telemetry.init_requests`).
 REGIMES = tuple(r.value for r in Regime)
-# What `gateway.relay.Relay.settle` records for a request a backend answered.
+# What `gateway.proxy.relay.Relay.settle` records for a request a backend answered.
 RELAYED_OUTCOMES = ("ok", "client_disconnect", "shutdown", "upstream_timeout", "upstream_error", "upstream_4xx")
-# What `gateway.proxy.proxy` records, under backend "none", for requests the gateway answered itself
+# What `gateway.proxy.handler.proxy` records, under backend "none", for requests the gateway answered itself
 # (`gateway.errors`: bad request, unknown model, body too large, upstream failure, unavailable, timeout).
 GATEWAY_ERROR_STATUSES = ("400", "401", "404", "413", "415", "500", "502", "503", "504", "client_disconnect")
 
@@ -168,7 +168,7 @@ class Telemetry:
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
                                      ["model"], multiprocess_mode="mostrecent", registry=r)
         self.peer_replicas = Gauge("gateway_peer_replicas", "Gateway replicas whose load this one saw at its last "
-                                   "exchange, itself included (gateway.peers; 1 without Redis).", multiprocess_mode="livemax", registry=r)
+                                   "exchange, itself included (gateway.replicas.peer_load; 1 without Redis).", multiprocess_mode="livemax", registry=r)
         self.peer_sync_errors = Counter("gateway_peer_sync_errors", "Load exchanges with the other replicas "
                                         "that failed (Redis trouble).", registry=r)
         self.peer_replicas.set(1)
@@ -230,7 +230,7 @@ class Telemetry:
 
     def refresh(self) -> None:
         """Write the callback gauges' values and flush the write-behind ones to their files
-        (multiprocess mode, `gateway.metric_values`; a no-op otherwise)."""
+        (multiprocess mode, `gateway.telemetry.metric_values`; a no-op otherwise)."""
         for child, value in self._functions:
             child.set(value())
         metric_values.flush()

@@ -1,0 +1,1 @@
+"""Gateway replicas sharing their load through Redis."""

@@ -1,0 +1,1 @@
+"""Serving: uvicorn with a drain, client connection hygiene, the `serve --workers` supervisor."""
