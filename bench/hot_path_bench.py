@@ -1,6 +1,6 @@
 """The gateway's per-request routing work, in process: what compiled code buys (issue 14).
 
-The same `gateway.proxy.routing.RoutingService` the live gateway builds (8 backends, the in-memory
+The same `gateway.routing.RoutingService` the live gateway builds (8 backends, the in-memory
 prefix index, policy ``kappa``), fed the bodies `bench/overhead.py` sends (16 chat bodies of
 ~8k or ~128k tokens, 4 groups sharing a system prompt of half the length), one after the
 other, as the proxy does per request:
@@ -52,7 +52,7 @@ async def measure(size: str, requests: int, in_flight: int = 0) -> dict[str, Any
     from fleet_config.catalog import default_catalog
     from fleet_config.settings import parse_settings
     from gateway.backends.backend_set import BackendSet, BackendState
-    from gateway.proxy.routing import RoutingService
+    from gateway.routing import RoutingService
     from gateway.telemetry.metrics import Telemetry
     from overhead import make_bodies
     from dispatch import Ticket

@@ -1,7 +1,7 @@
 """The gateway with its routing made free: the ceiling any routing code can reach on this stack.
 
 A measurement harness for `bench/overhead.py --targets ...,relay` (issue 6), not a way to
-run the gateway. It starts ``kappa-gateway serve`` with `gateway.proxy.routing.RoutingService`'s
+run the gateway. It starts ``kappa-gateway serve`` with `gateway.routing.RoutingService`'s
 per-request work memoised: ``parse`` (JSON, canonical bytes, hashing) is computed once per
 distinct body, ``plan`` (index match, views, decision) once per distinct parsed request,
 and ``record`` does nothing. Everything else is the real gateway: the fast path, reading
@@ -23,7 +23,7 @@ from typing import Any
 # gets the same from its working directory: bench/overhead.py starts both from the tree's root).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.proxy import routing  # noqa: E402
+from gateway import routing  # noqa: E402
 from gateway.commands.cli import main  # noqa: E402
 
 _Service = routing.RoutingService

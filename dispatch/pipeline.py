@@ -1,6 +1,6 @@
 """The one routing pipeline: from a hashed request to a ranked decision and its bookkeeping.
 
-DESIGN.md §1 steps 3–4 and 6, shared by the live gateway (`gateway.proxy.routing`) and the
+DESIGN.md §1 steps 3–4 and 6, shared by the live gateway (`gateway.routing`) and the
 simulator (`sim.simulator`), so both route by the same code:
 
 1. capacities: each target's KV capacity (`Target.kv_capacity_bytes`) and host tier in

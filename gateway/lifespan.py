@@ -22,7 +22,7 @@ import hot_path
 
 from gateway.backends.backend_set import BackendSet, BackendState
 from gateway.replicas.peer_load import PeerLoad
-from gateway.proxy.routing import RoutingService
+from gateway.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.state import GatewayState
 from gateway.telemetry.metrics import MULTIPROCESS, REFRESH_INTERVAL_S, Telemetry

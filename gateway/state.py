@@ -19,7 +19,7 @@ from gateway.edge.admission import Admission
 from gateway.edge.auth import KeyCheck
 from gateway.backends.backend_set import BackendSet
 from gateway.replicas.peer_load import PeerLoad
-from gateway.proxy.routing import RoutingService
+from gateway.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.telemetry.metrics import Telemetry
 from prefix_index import PrefixIndex

@@ -17,7 +17,7 @@ hash in place of `random.Random(...).choices` (5 µs a block rather than 100), c
 whole conversation trace (183k distinct blocks) is prepared in seconds; token ids are
 opaque 32-bit values, which is all the engine's hashing reads.
 
-The gateway's view is computed exactly as `gateway.proxy.routing` computes it for a chat request
+The gateway's view is computed exactly as `gateway.routing` computes it for a chat request
 with one user message: canonical bytes (`prefix_index.chat_canonical_bytes`; the text has
 no reserved characters, so it is the fixed header + the text), chained block hashes
 (`prefix_index.block_hashes`) seeded by `chain_seed(model, None)`. `prepare_trace` does

@@ -122,6 +122,126 @@ def test_checker_sees_a_violation(tmp_path: Path) -> None:
     assert "gateway.commands.cli" in imported_modules(bad)
 
 
+# The rooms of gateway/ (ARCHITECTURE.md): a sub-package or a top-level module each, and the rooms each
+# may import (function-level imports included). Read bottom up: the order is a DAG, so no two rooms
+# import each other.
+GATEWAY_ROOMS: dict[str, set[str]] = {
+    "errors": set(),                      # the GatewayError tree and its OpenAI body
+    "telemetry": set(),                   # prometheus metrics on an injected registry
+    "edge": {"errors"},                   # HTTP hygiene: answers, auth, admission, body, request ids, access log
+    "backends": {"errors", "telemetry"},  # health, scrape, the kappa_crit feed, index truth
+    "replicas": {"errors", "telemetry"},  # the load exchange between gateway replicas
+    "routing": {"errors", "telemetry", "backends"},  # a body parsed, hashed and sent through dispatch
+    "state": {"edge", "telemetry", "backends", "routing", "replicas"},  # what the lifespan opens
+    "proxy": {"errors", "edge", "telemetry", "backends", "routing", "state"},  # attempts, upstream, relay, SSE
+    "routes": {"errors", "edge", "backends", "routing", "state", "proxy"},  # the HTTP surface
+    "serving": {"errors", "edge", "telemetry"},  # uvicorn, connections, the --workers supervisor
+    "lifespan": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy"},
+    "app": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy", "routes",
+            "lifespan"},
+    "commands": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy", "routes",
+                 "lifespan", "app", "serving"},  # the tool room: everything
+    "__main__": {"commands"},
+}
+
+
+def gateway_room(module: str) -> str | None:
+    """The room of a dotted ``gateway`` module (``gateway.proxy.relay`` -> ``proxy``), None outside gateway/."""
+    parts = module.split(".")
+    if parts[0] != "gateway" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def our_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in sorted(OURS - {"bench", "tests"}) for p in (ROOT / pkg).rglob("*.py")}
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules of ours it imports, anywhere in the file (``from a.b import c`` names ``a.b.c``
+    when that is a module, else ``a.b``); a compiled-only module (a ``.pyi`` beside its C source) is a leaf."""
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            if (ROOT / name.replace(".", "/")).with_suffix(".pyi").exists():
+                return None
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = {resolve(m) for m in imported_modules(path)} - {None, name}
+        graph[name] = {d for d in deps if d is not None}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle() -> None:
+    """No two modules of ours import each other, directly or around a circle (imports inside functions
+    count: they hide a cycle, they do not break it)."""
+    found = cycles(import_graph(our_modules()))
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_cycle_checker_sees_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_gateway_rooms_import_only_the_rooms_below_them() -> None:
+    modules = our_modules()
+    rooms = {gateway_room(m) for m in modules} - {None}
+    assert rooms <= set(GATEWAY_ROOMS), f"rooms of gateway/ not placed in GATEWAY_ROOMS: {sorted(rooms - set(GATEWAY_ROOMS))}"
+    violations = []
+    for name, deps in import_graph(modules).items():
+        room = gateway_room(name)
+        if room is None:
+            continue
+        bad = {gateway_room(d) for d in deps} - {None, room} - GATEWAY_ROOMS[room]
+        if bad:
+            violations.append(f"{name} ({room}) imports the room(s) {sorted(b for b in bad if b)}")
+    assert not violations, "gateway/ rooms out of order (ARCHITECTURE.md):\n" + "\n".join(violations)
+
+
+def test_gateway_rooms_form_a_dag() -> None:
+    assert not cycles({room: set(allowed) for room, allowed in GATEWAY_ROOMS.items()})
+
+
 def test_the_edge_excludes_the_command_room() -> None:
     edge = {p.relative_to(ROOT).as_posix() for p in python_files("gateway")}
     assert "gateway/proxy/handler.py" in edge and not any(p.startswith("gateway/commands/") for p in edge)

@@ -1,1 +1,1 @@
-"""The proxy path: routing a body, attempts for a first byte, the upstream seam, the relay and SSE."""
+"""The proxy path: attempts for a first byte, the upstream seam, the relay and SSE."""

@@ -36,7 +36,7 @@ from starlette.requests import Request
 
 from dispatch import Plan, Ticket
 from gateway.backends.backend_set import BackendState
-from gateway.serving.connections import CLIENT_GONE
+from gateway.edge.scope import CLIENT_GONE
 from gateway.errors import (
     ClientGone,
     ShuttingDown,
@@ -67,7 +67,7 @@ class FirstByte:
 
 class ClientWatch:
     """Notices the client disconnecting while the gateway waits on a backend. Under the
-    gateway's own server the connection tells it (`gateway.serving.connections.CLIENT_GONE`); under
+    gateway's own server the connection tells it (`gateway.edge.scope.CLIENT_GONE`); under
     another ASGI server a task reads the request's next ASGI message, which after the body
     is ``http.disconnect``. Stop it before handing the connection to a streaming response,
     which listens for that message itself."""

@@ -28,7 +28,7 @@ from gateway.edge.body import read_body
 from gateway.errors import ClientGone, GatewayError
 from gateway.proxy.relay import Relay, RelayedStream
 from gateway.edge.request_ids import new_request_id
-from gateway.proxy.routing import Kind
+from gateway.routing import Kind
 from gateway.state import GatewayState
 from gateway.proxy.upstream import forward_headers, response_headers
 from router.types import Candidate

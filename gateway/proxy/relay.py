@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from dispatch import Plan
 from gateway.proxy.attempts import ClientWatch, FirstByte
-from gateway.serving.connections import CLIENT_GONE
+from gateway.edge.scope import CLIENT_GONE
 from gateway.errors import ClientGone, ShuttingDown, UpstreamReset, UpstreamTimeout
 from gateway.backends.kappa_feed import prediction
 from gateway.proxy.sse import SseObserver, error_tail, usage_from_body
@@ -226,7 +226,7 @@ class RelayedStream(StreamingResponse):
 
     Under ASGI 2.3 (uvicorn's) Starlette runs each stream in an anyio task group beside a task
     that reads ASGI messages until ``http.disconnect``. Under the gateway's edge protocol the
-    connection tells the request instead (`gateway.serving.connections.CLIENT_GONE`): its future
+    connection tells the request instead (`gateway.edge.scope.CLIENT_GONE`): its future
     cancels the stream from a done callback, and the stream's generator is closed, so the
     relay settles ``client_disconnect`` as before, with no task group or second task per
     stream. Elsewhere it is Starlette's response unchanged.

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.errors import BadRequest
 from gateway.edge.body import read_body
 from gateway.routes.deps import State, get_state
-from gateway.proxy.routing import load_body
+from gateway.routing import load_body
 from gateway.backends.kappa_feed import measured_fields
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
@@ -140,7 +140,7 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     the link its loads cross; null where no K makes it transfer-bound) and ``regime``
     (transfer iff kappa_ratio_loaded > kappa_crit); ``kappa_crit_linear`` is the backend's
     T-independent figure, for comparison. ``load_only_reason`` is null, or why the body would be
-    routed on load alone, without prefix hashes (`gateway.proxy.routing`: e.g. ``nesting_too_deep``)."""
+    routed on load alone, without prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``)."""
     slot = gw.admission.admit()
     try:
         raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)

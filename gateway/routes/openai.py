@@ -14,7 +14,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.proxy.handler import serve_proxy
-from gateway.proxy.routing import Kind
+from gateway.routing import Kind
 from gateway.routes.deps import State
 
 router = APIRouter()

@@ -36,11 +36,10 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from fleet_config.edge import EdgeSettings
+from gateway.edge.scope import CLIENT_GONE
 from gateway.errors import error_body
 
 RETRY_AFTER_S = 1
-# The scope key of `EdgeProtocol.client_gone`, on every request this protocol serves.
-CLIENT_GONE = "kappa.client_gone"
 
 
 def _error_response(status: int, message: str, error_type: str, extra: tuple[bytes, ...] = ()) -> bytes:

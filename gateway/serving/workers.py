@@ -139,6 +139,8 @@ def metrics_pid_read_once() -> None:
 
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# What a worker serves: the app factory, ``create_app(settings)``, named as uvicorn names one.
+APP_FACTORY = "gateway.app:create_app"
 _MASKS = hasattr(signal, "pthread_sigmask")
 
 
@@ -162,13 +164,17 @@ def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.
     os.setpgrp()
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <worker>` dumps its threads' stacks to stderr
-    from gateway.app import create_app
+    from uvicorn.importer import import_from_string
+
     from fleet_config import default_catalog, load_settings
     from gateway.serving.logs import configure_logging
     from gateway.serving.server import GatewayServer
 
+    create_app = import_from_string(APP_FACTORY)  # by name, as uvicorn's --factory loads an app
+
     settings = load_settings(Path(config), default_catalog())  # the parent's `serve` checked it
     configure_logging(log_level, json_access_log=settings.gateway.access_log_format == "json")
+
     class Worker(GatewayServer):
         async def startup(self, sockets: list | None = None) -> None:
             await super().startup(sockets)

@@ -2,7 +2,7 @@
 OpenAI-shaped 4xx naming the field, or accepted (relayed to a backend, or explained) — never a
 5xx of the gateway's own, never a dropped connection (issue 16).
 
-What the gateway refuses and why is `gateway.proxy.routing`'s module docstring: not JSON that
+What the gateway refuses and why is `gateway.routing`'s module docstring: not JSON that
 orjson accepts (NaN, a lone surrogate, a number past a double, invalid UTF-8), or the fields
 routing reads (``model``, ``messages``/``prompt``, ``stream``, ``max_tokens``) of a shape no
 OpenAI server takes. Everything else is the backend's to judge: the mock, like vLLM, answers

@@ -1,7 +1,7 @@
 """The gateway and the simulator route by one pipeline: same requests, same clock, same decisions.
 
 The same request sequence goes (a) through the gateway's routing — the real body parsed and
-hashed by `gateway.proxy.routing.RoutingService`, its `BackendSet` states scraped as the mocks
+hashed by `gateway.routing.RoutingService`, its `BackendSet` states scraped as the mocks
 would report, planned and charged — and (b) through the simulator, whose backends are mock
 engines. Every request arrives at t = 0 (a frozen clock: nothing finishes in between), so
 each decision sees the ledger charges, in-flight chains and round-robin turn the earlier ones
@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from dispatch import BackendMetrics
 from fleet_config import CONFIG_DIR, KvPoolSection, default_catalog, load_settings
 from gateway.backends.backend_set import BackendSet, BackendState
-from gateway.proxy.routing import RoutingService
+from gateway.routing import RoutingService
 from gateway.telemetry.metrics import Telemetry
 from mock_vllm.app_factory import engine_config
 from mock_vllm.engine import MockEngine

@@ -1,4 +1,4 @@
-"""A `gateway.proxy.routing.RoutingService` over healthy, never-probed backends, for unit tests."""
+"""A `gateway.routing.RoutingService` over healthy, never-probed backends, for unit tests."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from fleet_config import Settings, default_catalog
 from gateway.backends.backend_set import BackendSet, BackendState
-from gateway.proxy.routing import RoutingService
+from gateway.routing import RoutingService
 from gateway.telemetry.metrics import Telemetry
 from prefix_index import MemoryPrefixIndex, PrefixIndex
 from router.calibration import BytesPerToken

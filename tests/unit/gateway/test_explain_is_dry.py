@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleet_config import default_catalog, parse_settings
-from gateway.proxy.routing import RoutingService
+from gateway.routing import RoutingService
 from tests.unit.gateway.routing_support import routing_service
 
 BODY = b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hello"}]}'

@@ -7,7 +7,7 @@ import pytest
 
 from fleet_config import default_catalog, parse_settings
 from gateway.errors import BadRequest
-from gateway.proxy.routing import DEFAULT_MAX_TOKENS_ESTIMATE
+from gateway.routing import DEFAULT_MAX_TOKENS_ESTIMATE
 from tests.unit.gateway.routing_support import routing_service
 
 SETTINGS = parse_settings({"backends": [{"id": "a", "url": "http://127.0.0.1:9", "model": "llama-3.1-8b",

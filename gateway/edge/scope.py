@@ -1,0 +1,12 @@
+"""Keys the gateway's own server adds to an ASGI request scope, for the app to read.
+
+ASGI lets a server add extensions to the scope (asgiref spec, "Extensions"); these are the
+gateway's, written by `gateway.serving.connections.EdgeProtocol` and read by the proxy. Under
+another server they are absent and the app falls back to ASGI messages.
+"""
+
+from __future__ import annotations
+
+# A future that the connection's ``connection_lost`` resolves: the client has left
+# (`gateway.serving.connections.EdgeProtocol.client_gone`).
+CLIENT_GONE = "kappa.client_gone"
