@@ -4,7 +4,8 @@ Starts `bench/upstream_stub.py` (answers at once) and ``kappa-gateway serve`` in
 both on 127.0.0.1; sends one body of ``--body-mib`` MiB, then ``--concurrent`` at once, and
 reads the gateway's peak RSS (``VmHWM`` in ``/proc/<pid>/status``) before and after each.
 Prints, as JSON, the growth per body in multiples of the body size (the issue's budget: ≤ 2×
-for the gateway's own copies; a parsed JSON body costs about 1× on its own).
+for the gateway's own copies; what a parsed body costs is in BENCHMARKS.md, "Memory per
+request body").
 
     python bench/body_memory.py --body-mib 31 --concurrent 4 --kind text --json
 """

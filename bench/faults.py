@@ -14,16 +14,16 @@ before its first byte shows as hung rather than rescued by an arbitrary short de
 and the index's circuit breaker at its defaults (when the tree has one). A fifth backend,
 ``probe``, is an upstream stub (`upstream_stub.py`) serving only the model ``probe``: the
 probe client's (`faults_probe.py`) latency through the gateway is what the gateway adds.
-``--legacy-config`` leaves out the keys issue 12 adds (`NEW_GATEWAY_KEYS`), which the
-gateway before it rejects; the default writes them. ``--tree DIR`` runs ``python -m
+``--legacy-config`` leaves out the keys issue 12 adds (`NEW_GATEWAY_KEYS`), which a
+gateway older than issue 12 rejects; the default writes them. ``--tree DIR`` runs ``python -m
 gateway`` from another source tree (e.g. ``git archive <commit> | tar -x -C DIR``).
 
 Load runs through the gateway all along: 8 closed-loop aiohttp workers, half streamed
 (``stream_options.include_usage``), chat bodies on four shared system prompts of 300–4,000
-tokens plus a fresh user turn, max_tokens 32–128, 50 ms between a worker's requests
-(~55 req/s, about one core in all here). Then the faults, one after another, each in its
-own window: ``pre_s`` of untouched load (the baseline), the injection at t0, the fault
-held, then ``post_s`` more load (``--quick``: 3 s and 12 s; full: 10 s and 20 s):
+tokens plus a fresh user turn, max_tokens 32–128, 50 ms between a worker's requests.
+Then the faults, one after another, each in its own window: ``pre_s`` of untouched load
+(the baseline), the injection at t0, the fault held, then ``post_s`` more load
+(``--quick``: 3 s and 12 s; full: 10 s and 20 s):
 
 1. ``backend_kill9``: SIGKILL the backend that answered most requests in the pre-fault
    phase, at a moment it has a stream in flight (waiting up to 3 s for one). It is
@@ -64,7 +64,8 @@ Per fault, besides the five required keys: ``streamed`` (the same counts for str
 requests only), ``pre_ok_per_s``, ``ok_per_bin`` (ok completions per 1-s bin from t0),
 ``probe`` (`faults_probe.probe_report`: the added p50 latency of the index path per 250 ms
 window from 2 s before t0, its median per phase, and ``p50_back_s`` — from t0 until the
-added p50 stays within 2 ms for the rest of the fault —, also a top-level key), ``in_flight_at_t0``, ``streams_in_flight_at_t0``, ``refused``, ``unclean_end`` (ok or
+added p50 stays within 2 ms for the rest of the fault —, also a top-level key),
+``in_flight_at_t0``, ``streams_in_flight_at_t0``, ``refused``, ``unclean_end`` (ok or
 clear_error streams whose HTTP body was cut instead of terminated), ``first_failure_s``
 and ``last_failure_s`` (send times of non-ok requests from t0), ``ok_latency_p50_s`` and
 ``ok_latency_max_s``, ``index_errors`` and ``retries`` (growth of
@@ -72,9 +73,9 @@ and ``last_failure_s`` (send times of non-ok requests from t0), ``ok_latency_p50
 null once the gateway is gone), the victim and its pid, and for ``gateway_sigterm``
 ``exit_code``, ``exit_s`` and ``load_stopped_s``.
 
-``--quick`` takes ~1.5 min, the full run ~4 min. The JSON (``--json`` on stdout, ``--out
-FILE``) is ``{"faults": {name: {...}}, "config": {...}, "duration_s", "command"}``;
-without ``--json`` a table goes to stdout. Progress goes to stderr.
+The JSON (``--json`` on stdout, ``--out FILE``) is ``{"faults": {name: {...}}, "config":
+{...}, "duration_s", "command"}``; without ``--json`` a table goes to stdout. Progress goes
+to stderr.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """What the gateway itself adds to a request's latency during a fault, seen by probe clients (issue 16).
 
-The load's own latency is mostly the mock backends' prefill and decode, hundreds of
-milliseconds that vary from request to request: a 2 ms change in what the gateway adds
-cannot be read from it. So `bench/faults.py` also runs two closed-loop probe clients that
-send non-streamed chat requests for the model ``probe``, which only an upstream stub
-serves (`upstream_stub.py`, answering at once), through the same gateway as the load, on
-the same event loop:
+The load's own latency is mostly the mock backends' prefill and decode, which vary from
+request to request far more than a 2 ms change in what the gateway adds. So `bench/faults.py`
+also runs two closed-loop probe clients that send non-streamed chat requests for the model
+``probe``, which only an upstream stub serves (`upstream_stub.py`, answering at once),
+through the same gateway as the load, on the same event loop:
 
 - **index** probes carry a system prompt of 200 or 800 words (shared prefixes) and a
   fresh question: parse, hashing, the index match on Redis, the decision, the relay and
@@ -13,10 +12,10 @@ the same event loop:
 - **control** probes carry a prompt shorter than one index block, which the gateway
   routes without touching the index (no block hash: no match, no record).
 
-Their latency is the gateway's work plus loopback round trips. On this shared 2-core
-machine it also moves by several milliseconds with whatever else runs, which hits both
-kinds alike; so the fault's added latency per ``WINDOW_S`` (250 ms) window, from
-``LEAD_S`` before the injection to the window's end, is the difference in differences
+Their latency is the gateway's work plus loopback round trips. It also moves with whatever
+else runs on the machine, which hits both kinds alike; so the fault's added latency per
+``WINDOW_S`` (250 ms) window, from ``LEAD_S`` before the injection to the window's end, is
+the difference in differences
 
     added_p50 = (p50_index(window) − p50_control(window)) − (p50_index(pre) − p50_control(pre))
 
@@ -28,8 +27,8 @@ the end of the last window above it, 0 if none was, None if the fault's last win
 was. A window where either kind sent nothing (one request took all of it) counts as above
 the margin. ``phases`` gives the median of the windows' added p50 over the 2 s before the
 injection, the fault's first second, the rest of the fault, the 2 s after the resume and
-the rest of the window: the noise of this machine puts a single window now and then
-10–40 ms off either way, which these medians ride out.
+the rest of the window: these medians ride out the single windows that the machine's noise
+now and then puts far off either way (BENCHMARKS.md, "Frozen Redis").
 
 Imports none of the project's packages.
 """

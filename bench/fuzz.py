@@ -23,8 +23,8 @@ At the end each connection must still serve a valid request (``final_ok``). The 
 ``relayed_5xx``, ``load_only_requests`` (growth of ``gateway_load_only_requests_total``), up to
 five ``problems`` (status and the first 200 bytes of body and answer), ``duration_s`` and the
 command. Without ``--json`` a summary goes to stdout. ``--tree DIR`` runs ``python -m gateway``
-from another source tree (e.g. ``git archive <commit> | tar -x -C DIR``) to measure a gateway
-before the fix. 10,000 bodies take ~4 min here.
+from another source tree (e.g. ``git archive <commit> | tar -x -C DIR``) to measure another
+version of the gateway.
 """
 
 from __future__ import annotations

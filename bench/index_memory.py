@@ -12,7 +12,7 @@ Two measurements (issue 13, item 8: memory must scale with live blocks, not reco
   `bench/upstream_stub.py`, 3,000 chat requests that share a 64 KB system prompt (each with
   its own ~1 KB question), sent 8 at a time; the gateway's resident set size (VmRSS, /proc)
   after a 300-request warm-up and at the end, as KB per request. ``--compare NAME=DIR`` runs
-  the same against another source tree (e.g. an export of the old commit) side by side.
+  the same against another source tree (e.g. an export of another commit) side by side.
 
     python bench/index_memory.py [--part index|rss|both] [--compare old=/tmp/old-tree] [--json]
 """

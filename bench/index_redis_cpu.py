@@ -5,9 +5,9 @@ blocks) in 4 groups sharing a system prompt of half the length, 8 backends, each
 capacity the overhead bench's gateway gives its h100-sxm backends for llama-3.1-8b
 (7,281 HBM blocks, no host tier). Calls go through ``RedisPrefixIndex`` in groups of
 ``GROUP`` issued together, so they are coalesced into one EVALSHA as the gateway's are at
-concurrency 32 (~4.5 calls per EVALSHA in the overhead bench). Phases, each measured from
-redis-server's ``INFO commandstats`` (EVALSHA usec per call, i.e. the script's time) and
-from its /proc CPU (everything, protocol parsing and socket I/O included):
+concurrency 32. Phases, each measured from redis-server's ``INFO commandstats`` (EVALSHA usec
+per call, i.e. the script's time) and from its /proc CPU (everything, protocol parsing and
+socket I/O included):
 
 - ``record, moved``: records of a chain that is held but not on top of its backend (the
   prompts of one group recorded in turn on one backend): ZADD moves all 127 blocks;

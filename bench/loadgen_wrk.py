@@ -3,16 +3,16 @@
 ``bench/overhead.py --loadgen wrk`` runs one of these per measurement cell. The load is the
 same as `loadgen.py`'s: ``concurrency`` keep-alive connections, one request in flight each,
 the bodies of ``bodies_file`` POSTed in turn (`loadgen_wrk.lua`) with the same headers. What
-differs is the load generator's own CPU: wrk's event loop is C, so on this 2-core machine it
-takes ~0.04–0.05 ms of CPU per request where `loadgen.py` (Python, uvloop) takes ~0.09–0.11
-(BENCHMARKS.md, "`serve --workers 2`"), CPU the servers under test share. wrk counts time, not
+differs is the load generator's own CPU: wrk's event loop is C, so it takes less CPU per
+request than `loadgen.py` (Python, uvloop), CPU the servers under test share on a 2-core
+machine (measured in BENCHMARKS.md, "`serve --workers 2`"). wrk counts time, not
 requests: a warm-up run of ``WARMUP_S`` seconds, then one of ``max_s`` rounded up to whole
 seconds (wrk's ``-d`` takes whole units). Latencies are wrk's, per request at 1 µs resolution,
 from the first byte written to the end of the response.
 
 Returns the dict `loadgen.py` writes: latencies_s (the measured requests', expanded from
-wrk's histogram, ascending; it also holds the answers, 0.2–8% more, that landed as wrk stopped,
-which wrk's request count omits), elapsed_s, completed (wrk's count, as its req/s), warmup,
+wrk's histogram, ascending; it also holds the answers that landed as wrk stopped, which
+wrk's request count omits), elapsed_s, completed (wrk's count, as its req/s), warmup,
 errors (socket errors and non-2xx/3xx answers), statuses ({"2xx/3xx": n, "other": n}: wrk does
 not count per status code).
 

@@ -4,11 +4,11 @@ For each workload (the real Mooncake conversation trace, document QA, agentic co
 heterogeneous fleet, κ routing runs with N = 1, 2, 4, 8 gateway replicas
 (`sim.replicas.Topology`: requests spread round-robin, one shared index whose records
 become visible ``--index-lag-ms`` after the first token), once with each replica's own
-ledgers and in-flight chains (``local``: today's gateway) and once with them shared
-(``shared``: the ideal), and once as the live gateway shares them (``synced``: ledger totals
-read at each decision, chains recorded in the index at decision time; ``synced-50ms``: the
-same with totals exchanged only every 50 ms, the first design, for the record). Reports p50/p90 TTFT, prefix-hit
-ratio and goodput, and each row's p90 against N = 1 with the same state.
+ledgers and in-flight chains (``local``), once with them shared (``shared``: the ideal), and
+once as the live gateway shares them (``synced``: ledger totals read at each decision, chains
+recorded in the index at decision time; ``synced-50ms``: the same with totals exchanged only
+every 50 ms). Reports p50/p90 TTFT, prefix-hit ratio and goodput, and each row's p90 against
+N = 1 with the same state.
 
 Writes ``bench/results/replicas.json`` and prints the markdown table BENCHMARKS.md shows::
 

@@ -5,7 +5,7 @@ The demo fleet (`config/fleet.local.yaml`: four mock vLLM backends sharing a KV 
 
 - ``one``: one gateway on a Redis index;
 - ``two-synced``: two gateways on that Redis exchanging their load (`gateway.replicas.peer_load`, the default);
-- ``two-local``: two gateways sharing only the index (``index.share_load: false``), as before;
+- ``two-local``: two gateways sharing only the index (``index.share_load: false``);
 
 each replaying the first ``--requests`` requests of the Mooncake conversation trace at its
 own pace, spread round-robin over the gateways as a load balancer would (`replay` with two

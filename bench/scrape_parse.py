@@ -1,11 +1,11 @@
 """CPU of reading one backend's ``/metrics`` page (`gateway.backends.scrape.parse_vllm_metrics`), side by side.
 
-The page is the mock vLLM server's (``mock_vllm/metrics.py``: vLLM's v1 families, histogram buckets
-and all, every bucket of every histogram printed; ~28 KB, ~330 lines). Two ways
-to read it, interleaved in each round: **whole page** (prometheus-client's parser on every line,
-what the gateway did before) and **lines read** (only the samples the gateway reads go to the
-parser, what it does now). Both must give the same figures; the script checks it. Medians of
-``--rounds`` rounds of ``--calls`` calls each, in ms per page; the ratio is per round, then its median.
+The page is the mock vLLM server's (``mock_vllm/metrics.py``: vLLM's v1 families, histogram
+buckets and all, every bucket of every histogram printed). Two ways to read it, interleaved in
+each round: **whole page** (prometheus-client's parser on every line) and **lines read** (only
+the samples the gateway reads go to the parser, as `parse_vllm_metrics` does). Both must give
+the same figures; the script checks it. Medians of ``--rounds`` rounds of ``--calls`` calls
+each, in ms per page; the ratio is per round, then its median.
 
     python bench/scrape_parse.py [--rounds 7] [--calls 200] [--json]
 """

@@ -7,18 +7,17 @@ What it answers (HTTP/1.1, keep-alive; the body read whole before any answer):
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: a body with ``"stream": true``
   gets a short SSE stream (three content events, a usage event, ``[DONE]``) in chunked
-  transfer, written as five writes like the uvicorn stub before it (the head, one per content
-  event, then the usage event, ``[DONE]`` and the last chunk), so a proxy sees the same
-  segments; any other body one JSON completion with ``Content-Length``, in one write (the
-  uvicorn stub sent the same bytes chunked, in two writes).
+  transfer, written as five writes (the head, one per content event, then the usage event,
+  ``[DONE]`` and the last chunk), so a proxy reads one segment per event;
+  any other body one JSON completion with ``Content-Length``, in one write.
   ``usage.prompt_tokens`` is the body's length / ``BYTES_PER_TOKEN_ESTIMATE`` (4; the
   gateway calibrates bytes per token from it), and ``prompt_tokens_details.cached_tokens`` what
   a vLLM engine with prefix caching would report: each port keeps the prefixes it has served
   (`PrefixCache`), and the longest one of this body, in 64-token blocks of 256 bytes, is cached.
-  (Before, every answer reported 0 cached tokens: the gateway's index-truth check, which takes
-  answers that keep reporting under half of what the index credited as an emptied cache,
-  forgot a backend's entries ~20 times a second under the overhead bench's load, and the
-  index churned.) The bench's own bodies put ``stream`` first,
+  The gateway's index-truth check takes answers that keep reporting under half of what the
+  index credited as an emptied cache and forgets the backend's entries; answering like a
+  prefix cache keeps the index from churning under the bench's load (BENCHMARKS.md,
+  "`serve --workers 2`"). The bench's own bodies put ``stream`` first,
   so their first bytes decide; a body that a router re-serialised (sglang-router and
   vllm-router move ``stream`` after the messages) is searched whole.
 - ``GET /health``: 200 ``{}``. ``GET /metrics``: a minimal vLLM-style page (an idle engine).
@@ -27,20 +26,17 @@ What it answers (HTTP/1.1, keep-alive; the body read whole before any answer):
 Requests may be pipelined, sent in many pieces, with a ``Transfer-Encoding: chunked`` body
 or ``Expect: 100-continue`` (answered ``100 Continue`` once the head is in). A request with
 ``Connection: close`` (or HTTP/1.0 without keep-alive) is answered with ``connection: close``
-and the connection closed; an HTTP/1.0 stream is sent unchunked, then the connection closed. Idle connections are never
-timed out (the clients close theirs). Every answer has a ``date`` header, refreshed each
-second; there is no ``server`` header.
+and the connection closed; an HTTP/1.0 stream is sent unchunked, then the connection closed.
+Idle connections are never timed out (the clients close theirs). Every answer has a ``date``
+header, refreshed each second; there is no ``server`` header.
 
 Why raw (`asyncio.Protocol` on uvloop, `httptools.HttpRequestParser`, answers pre-encoded
-or cached per prompt length) rather than an ASGI app on uvicorn: the stub shares the
-machine's two cores with the server under test, so its CPU is taken from the measurement.
-(Its prefix cache costs ~5 µs a request: one C call hashes the body's blocks.)
-Its CPU per request, measured with the uvicorn version beside it (8 ports each, 8k-token chat
-bodies from `bench/loadgen.py`, closed loop, median of 5 rounds of 3 s): at concurrency 32,
-0.076 -> 0.025 ms (JSON) and 0.133 -> 0.050 ms (SSE); at concurrency 1, 0.104 -> 0.034 and
-0.160 -> 0.075 ms. Sending the whole stream in one write would bring SSE to 0.023 ms at
-concurrency 32, but would change the segments the proxies under test read. It imports
-nothing of the project but the bytes-per-token estimate and the chain hash.
+or cached per prompt length, the prefix cache one C call that hashes the body's blocks)
+rather than an ASGI app on uvicorn: the stub shares the machine's two cores with the server
+under test, so its CPU is taken from the measurement (measured in BENCHMARKS.md, "The hot
+path (issue 14)"). Sending a whole stream in one write would cost less CPU
+still, but would change the segments the proxies under test read. It imports nothing of the
+project but the bytes-per-token estimate and the chain hash.
 
     python bench/upstream_stub.py --listeners 8     # prints {"ports": [...]} once listening
     python bench/upstream_stub.py --port 8123       # listens on the given port(s) instead

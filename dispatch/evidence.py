@@ -28,9 +28,9 @@ backend K = its own prefix (HBM + host tier) + what only the shared KV pool hold
   resets the count; the pool's count runs over all backends) make it *stale*: the caller
   forgets its entries. Normal eviction noise — the index's LRU drifting from the backend's,
   a block or two of rounding — short-changes some answers, rarely by half, and is broken up
-  by the answers that were right; on the demo no holder ever reached a streak (README
-  "Accounting truth"). Answers to requests routed before a holder's last forget are ignored
-  for it (they were priced on the entries just dropped).
+  by the answers that were right (measured on the demo: README "Accounting truth"). Answers
+  to requests routed before a holder's last forget are ignored for it (they were priced on
+  the entries just dropped).
 
 Pure: no I/O, no clock. The dispatcher owns one and calls it from `Dispatcher.observe_cached_tokens`.
 """

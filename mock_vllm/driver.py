@@ -15,9 +15,9 @@ engine seconds (`mock_vllm.metrics`).
 
 While busy, steps run back to back in engine time, as a GPU with queued work does. Starting
 each step at ``max(engine_now, previous end)`` instead would turn every late wake-up (event
-loop timers are ~0.3–1 ms coarse, and streams' writes share the loop) into modelled GPU
-idle time: at time-scale 0.01 a 5 ms decode step would become a ≥ 100 ms one, and the task
-switch from a request's handler to this loop would add to every idle request's TTFT. So
+loop timers fire late, and streams' writes share the loop) into modelled GPU idle time, scaled
+up by 1 / time_scale (at time-scale 0.01 a wake-up 1 ms late is 100 ms of engine time), and the
+task switch from a request's handler to this loop would add to every idle request's TTFT. So
 lateness stays in wall time, where ``mock_vllm:schedule_lag_seconds`` (largest recent
 delay) and ``mock_vllm:step_lag_seconds`` (histogram) report it; a request that arrives
 while the driver is behind is stamped with the engine time the loop has reached (the next

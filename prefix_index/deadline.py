@@ -4,8 +4,7 @@
 CPU-bound callback holds the loop for 80 ms while a healthy Redis answers in 0.2 ms, the
 answer waits in the socket buffer; when the loop resumes, one pass of the loop reads the
 socket (the reply) and runs the expired timer, and the timer cancels the task whose reply
-just arrived. The index then counts an error that Redis did not make (issue 16: index
-timeouts fired under plain CPU load).
+just arrived. The index then counts an error that Redis did not make (issue 16).
 
 :class:`Deadline` cancels only after a pass of the loop that comes after the budget: when
 its timer first fires, however late, it re-arms once for a grace of ``grace_s``

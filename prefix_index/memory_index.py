@@ -12,8 +12,8 @@ stales a prefix of it, and trimming the lowest scores removes a suffix of the ol
 live segment: so each segment's live blocks are one depth range ``[lo, hi)``, and a
 block's rank is (live blocks in newer segments, from a Fenwick tree) + (its depth − lo).
 A record then costs one dict update per block instead of a sorted-container re-insert
-(8k-token chain, 128 blocks, 8 backends of 7,500 blocks: 225 → 26 µs per record). The one assumption is
-that a chain never repeats a hash, which would take a 64-bit xxh3 collision.
+(per-record cost: BENCHMARKS.md, "Prefix index"). The one assumption is that a chain never
+repeats a hash, which would take a 64-bit xxh3 collision.
 
 Memory scales with live blocks, not with recorded chains. A segment keeps no reference to
 the request's hash list: its hashes are copied into one flat ``array('Q')`` log (8 bytes a
@@ -22,9 +22,8 @@ slots (a prefix re-touched by a newer record, a trimmed tail) and dead segments 
 reclaimed by compaction once they outnumber the live ones, so the log never holds more than
 twice the live blocks (plus `_LOG_SLACK_MIN_SLOTS`) and segments are renumbered once dead
 ones outnumber live ones (plus `_DEAD_SEGMENTS_MIN`), each compaction linear in what is
-live and paid for by as many dead entries. Before (kept chains), a 256 KB shared prefix
-left ~4.8 KB per live block (``python bench/index_memory.py``, BENCHMARKS.md "Prefix index
-memory").
+live and paid for by as many dead entries. Bytes per live block are measured by
+``python bench/index_memory.py`` (BENCHMARKS.md, "Prefix index memory").
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ in-flight requests by the gateway's ledger). A token-budget scheduler would coun
 (REFERENCE.md §1 scheduler example). The prefix blocks that other requests in flight on
 that backend already hold (``BackendView.in_flight_blocks``) are shared by reference, as
 vLLM shares them, and already charged to those requests: they are not charged again.
-Counting them once per request made a backend whose conversations overlap look full, and
-sent their follow-ups to recompute elsewhere (simulator, agentic coding at its knee: p90
-TTFT 10.4 → 6.7 s, hit ratio 80% → 89%). The charge is released when its request ends, so
-a shared prefix can go uncounted while a later request still holds it: the ledger errs low
-there, and the backend's own queue is the backstop.
+Counting them once per request would make a backend whose conversations overlap look full
+and send their follow-ups to recompute elsewhere (measured in the simulator: BENCHMARKS.md,
+"Where κ routing wins, where it does not, and why"). The charge is released when its request
+ends, so a shared prefix can go uncounted while a later request still holds it: the ledger
+errs low there, and the backend's own queue is the backstop.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ becomes fixed content drawn from its key alone, 4 bytes per token::
 so two records share exactly their common leading hash ids, in tokens (the engine's
 prefix cache) and in text (the gateway's index), and nothing else. The last block of a
 record is cut to its remaining tokens. This is `sim.traces.prompt_text`'s scheme with a
-hash in place of `random.Random(...).choices` (5 µs a block rather than 100), chosen so the
-whole conversation trace (183k distinct blocks) is prepared in seconds; token ids are
+hash in place of `random.Random(...).choices`, far cheaper per block, chosen so the whole
+conversation trace (183k distinct blocks) is prepared in seconds; token ids are
 opaque 32-bit values, which is all the engine's hashing reads.
 
 The gateway's view is computed exactly as `gateway.routing` computes it for a chat request

@@ -1,14 +1,15 @@
 """Request ids without a system call per request: a random tag per process, then a counter.
 
 The gateway names every request it serves (when the client's ``X-Request-Id`` is not a safe
-token, `gateway.proxy.handler.request_id_of`) and every upstream attempt (`gateway.proxy.upstream`). Those
-ids must be unique — vLLM rejects or confuses two requests in flight under one id — but they
-are not secrets: they are echoed to the client and logged. ``uuid4()`` and
-``secrets.token_hex`` read the kernel's random source on every call, which cost ~5% of the
-gateway's CPU per request at concurrency 32 (bench/overhead.py, py-spy, issue 14). So each
-process draws 64 random bits once (at import, and again in a forked child) and numbers its
-ids after them: unique within the process by the counter, and across processes and restarts
-by the tag (two replicas share a tag with probability 2**-64).
+token, `gateway.proxy.handler.request_id_of`) and every upstream attempt
+(`gateway.proxy.upstream`). Those ids must be unique — vLLM rejects or confuses two requests
+in flight under one id — but they are not secrets: they are echoed to the client and logged.
+``uuid4()`` and ``secrets.token_hex`` read the kernel's random source on every call, a
+system call per id that shows in the gateway's CPU profile under load (measured in
+BENCHMARKS.md, "The hot path (issue 14)"). So each process draws 64 random bits once (at
+import, and again in a forked child) and numbers its ids after them: unique within the
+process by the counter, and across processes and restarts by the tag (two replicas share a
+tag with probability 2**-64).
 """
 
 from __future__ import annotations

@@ -1,50 +1,49 @@
 """``serve --workers N``: N gateway processes on one port, each a full replica.
 
-The parent binds the port and starts N worker processes (``multiprocessing``'s spawn context,
-each passed its listening socket, as uvicorn's own supervisor passes its one). On Linux each
-worker has a socket of its own, all bound with ``SO_REUSEPORT``: the kernel spreads new
-connections evenly over them (socket(7): "improved load distribution as compared to ...
-multiple threads that compete to accept(2) from the same socket"). Competing on one shared
-socket, as before, the worker that woke first took every connection waiting (uvloop accepts
-until none is left): the 32 connections of the overhead bench's load generator split 1:31,
-3:29, even 0:32, one worker saturated its core while the other idled (``bench/overhead.py``
-``redis-w2``). The port is first bound without ``SO_REUSEPORT`` (and let go), so that a port in
-use fails the start, rather than joining another server's group. Each socket stays open in the
-parent: a replacement worker takes over its predecessor's, and the connections the kernel put
-in that socket's queue meanwhile wait for it, its start-up (none is refused), until the parent
-is told to stop: then it closes its copies, so the port closes when the workers close theirs
-at the end of the drain and new connections are refused, as with one process. The price: a
-worker whose event loop hangs keeps getting its share of new connections, which wait (on a
-shared socket the others would have taken them); the outlier detection of a load balancer in
-front, or the worker's end, ends that. Elsewhere than Linux, one shared socket.
-Each worker is a whole gateway
-(`gateway.serving.server.GatewayServer`): its own event loop, backend health checks and ledgers.
-With a Redis index the workers share the prefix index and exchange their load
-(`gateway.replicas.peer_load`) like replicas on separate machines; with the embedded memory index each
-worker has an index of its own (``serve`` warns).
+Sockets: The parent binds the port and starts N worker processes (``multiprocessing``'s spawn
+context, each passed its listening socket, as uvicorn's own supervisor passes its one). On
+Linux each worker has a socket of its own, all bound with ``SO_REUSEPORT``: the kernel spreads
+new connections evenly over them (socket(7): "improved load distribution as compared to ...
+multiple threads that compete to accept(2) from the same socket"). On one shared socket the
+worker that wakes first takes every connection waiting (uvloop accepts until none is left), so
+one worker can saturate its core while another idles (BENCHMARKS.md, "`serve --workers 2`").
+The port is first bound without ``SO_REUSEPORT`` (and let go), so that a port in use fails the
+start rather than joining another server's group. Each socket stays open in the parent: a
+replacement worker takes over its predecessor's, and the connections the kernel queued on it
+meanwhile wait through its start-up (none is refused), until the parent is told to stop: then
+it closes its copies, so the port closes when the workers close theirs at the end of the drain
+and new connections are refused, as with one process. The price: a worker whose event loop
+hangs keeps getting its share of new connections, which wait (on a shared socket the others
+would have taken them) until a load balancer's outlier detection, or the worker's end, ends
+that. Elsewhere than Linux, one shared socket.
+
+Each worker is a whole gateway (`gateway.serving.server.GatewayServer`): its own event loop,
+backend health checks and ledgers. With a Redis index the workers share the prefix index and
+exchange their load (`gateway.replicas.peer_load`) like replicas on separate machines; with
+the embedded memory index each worker has an index of its own (``serve`` warns).
 
 Signals: the parent forwards SIGTERM/SIGINT to every worker, which drains on its own
-(`gateway.serving.server`: ``/ready`` 503, then the listener closes, then the grace period); a second
-signal skips the drains, a third forces the exits. Workers run in their own process group
-(a terminal's Ctrl-C reaches them once, through the parent) and get SIGTERM if the parent
-dies (Linux ``PR_SET_PDEATHSIG``). A worker that dies while the parent is not stopping is
-replaced, unless it died before it ever served (a start-up failure would only repeat: the
+(`gateway.serving.server`: ``/ready`` 503, then the listener closes, then the grace period);
+a second signal skips the drains, a third forces the exits. Workers run in their own process
+group (a terminal's Ctrl-C reaches them once, through the parent) and get SIGTERM if the
+parent dies (Linux ``PR_SET_PDEATHSIG``). A worker that dies while the parent is not stopping
+is replaced, unless it died before it ever served (a start-up failure would only repeat: the
 parent then stops them all). The parent exits 0 when every worker exited 0 after a stop, else 1.
 
 Metrics: ``/metrics`` on any worker reports the sum over all of them, through
 prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a fresh directory the
 parent makes and removes; each gauge declares how workers' values combine,
-`gateway.telemetry.metrics`). A dead worker's live gauges are dropped (``mark_process_dead``). In that
-mode every ``inc``/``set``/``observe`` first asks prometheus-client whether the process forked
-(``MmapedValue.__check_for_pid_change`` calls ``os.getpid()``, a system call, each time: ~5% of a
-worker's CPU under load, py-spy). A worker is spawned, never forks after it made its metrics,
-and its pid cannot change, so it reads its pid once, before any metric exists
+`gateway.telemetry.metrics`). A dead worker's live gauges are dropped (``mark_process_dead``).
+In that mode every ``inc``/``set``/``observe`` first asks whether the process forked
+(``MmapedValue.__check_for_pid_change`` calls ``os.getpid()``, a system call, each time; its
+cost is in BENCHMARKS.md, "`serve --workers 2`"). A worker is spawned, never forks after it
+made its metrics, and its pid cannot change, so it reads its pid once, before any metric exists
 (`metrics_pid_read_once`), through prometheus-client's own hook for this:
 ``prometheus_client.values.MultiProcessValue(process_identifier=...)`` (prometheus-client
 0.26 ``values.py``; its contract: distinct values in processes running at the same time, which
-the pid is). The files stay ``<type>_<pid>.db``, so the parent's ``mark_process_dead(pid)`` and
-the collector work as before. And a worker's values are written to those files about once a
-second, not at each update (`gateway.telemetry.metric_values`): ``/metrics`` shows the other workers'
+the pid is). The files stay ``<type>_<pid>.db``, so the parent's ``mark_process_dead(pid)``
+and the collector find them. A worker's values are written to those files about once a second,
+not at each update (`gateway.telemetry.metric_values`): ``/metrics`` shows the other workers'
 values as of at most ~1 s ago, and a worker killed with SIGKILL loses its last second of counts.
 """
 

@@ -2,7 +2,7 @@
 
 `mooncake_like`: conversations with the statistics of the Mooncake conversation trace
 (Kimi, FAST'25; ``shared/data/traces/mooncake/conversation_trace.jsonl``), for machines
-without the trace. Measured on the real trace (12,031 requests, 512-token blocks):
+without the trace. The trace's statistics (12,031 requests, 512-token blocks):
 every request starts with block 0 (a shared system prefix); 61% reuse only that block (new
 conversations), the rest continue an earlier prompt; input tokens p10/p50/p90 = 964 / 6,909
 / 27,367 (max 126,195); output p10/p50/p90 = 24 / 350 / 597; κ_ratio with an infinite cache
@@ -10,16 +10,15 @@ p50 ≈ 0.6, p90 ≈ 18, p99 ≈ 890 (REFERENCE.md §1).
 
 The generator draws new conversations' lengths from a log-normal fitted to that median and
 p90 (σ = ln(27,367/6,909)/1.2816 = 1.07), continues an earlier conversation otherwise — the
-one last active a sampled turn gap ago (log-normal, median 123 s, p90 483 s, as measured)
+one last active a sampled turn gap ago (log-normal, median 123 s, p90 483 s, as in the trace)
 (its previous prompt's full blocks, then new user text, log-normal with median 200 tokens and
 σ 1.6), draws 15% of new conversations short (600–1,500 tokens),
 and draws outputs from a mixture (12% short, 1–60 tokens; the rest log-normal around 350).
 Arrivals are Poisson at ``rate_rps``. Deterministic for a seed.
 
-What it gives (12,000 requests at 3.4 req/s, seed 1; tests/unit/sim/test_workloads.py) against
-the trace: input p50/p90 6,211 / 25,724 (trace 6,909 / 27,367); κ_ratio p50 0.52 (0.57), p90
-16.6 (18.3), share above 14.3 11.5% (12.0%), above 100 1.0% (1.9%); its p99 κ_ratio, ≈ 100,
-is far below the trace's 890: the longest, tersest conversations are not reproduced.
+tests/unit/sim/test_workloads.py checks its input and κ_ratio quantiles against the trace's.
+The longest, tersest conversations are not reproduced: its κ_ratio tail (p99) falls far short
+of the trace's.
 """
 
 from __future__ import annotations
