@@ -1,8 +1,9 @@
 """The app factory: a new FastAPI app per call, its resources owned by its lifespan.
 
-This module is an entry point as well (``uvicorn --factory gateway.app:create_app``): uvicorn
-imports it, then calls `create_app`, and this module's own imports already load the compiled
-hot path, so the build is chosen (`hot_path.select`) by its first statement, not in
+This module is an entry point as well: a server that builds the app from it (``uvicorn
+--factory``, through a function giving `create_app` its settings; a ``serve --workers`` worker)
+imports the module and then calls the factory, and the module's own imports already load the
+compiled hot path, so the build is chosen (`hot_path.select`) by its first statement, not in
 `create_app`. Where an entry point that imported it chose first (the command line, the tests'
 ``conftest.py``), that statement returns the choice made. `create_app` reads the one variable
 the gateway takes from the environment outside the config, prometheus-client's multiprocess

@@ -21,11 +21,12 @@ The choice is all or nothing (mypyc calls between compiled modules natively, so 
 module never runs beside the source of another) and is made once per process by `select`,
 which the entry points call before they import anything compiled: the ``kappa-gateway``
 command line (`gateway.commands.cli`, also ``python -m gateway``), the app factory's module
-(`gateway.app`, for ``uvicorn --factory gateway.app:create_app``), the ``bench/`` scripts and
-the tests' ``conftest.py``. Importing a package never selects: a program that imports
-``router`` without calling `select` runs whatever the import system finds (the build, if
-any). A `select` that comes after a compiled module was imported and would choose the sources
-keeps the build (all or nothing) and warns, naming the modules.
+(`gateway.app`, for a server that imports it to build the app, ``uvicorn --factory`` or a
+``serve --workers`` worker), the ``bench/`` scripts and the tests' ``conftest.py``. Importing a
+package never selects: a program that imports ``router`` without calling `select` runs whatever
+the import system finds (the build, if any). A `select` that comes after a compiled module was
+imported and would choose the sources keeps the build (all or nothing) and warns, naming the
+modules.
 
 This room imports nothing of the project (it sits below every package that uses it).
 """
