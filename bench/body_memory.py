@@ -26,6 +26,10 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from gateway.commands.processes import answers_ok, free_port, stop_processes  # noqa: E402
 
 MODEL = "llama-3.1-8b"

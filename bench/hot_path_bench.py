@@ -49,6 +49,9 @@ async def measure(size: str, requests: int, in_flight: int = 0) -> dict[str, Any
     import aiohttp
     from prometheus_client import CollectorRegistry
 
+    import hot_path
+
+    hot_path.select()  # the script's entry: compiled or source (KAPPA_PURE_PYTHON), before the imports below
     from fleet_config.catalog import default_catalog
     from fleet_config.settings import parse_settings
     from gateway.backends.backend_set import BackendSet, BackendState
@@ -57,7 +60,6 @@ async def measure(size: str, requests: int, in_flight: int = 0) -> dict[str, Any
     from overhead import make_bodies
     from dispatch import Ticket
     from prefix_index import MemoryPrefixIndex
-    import hot_path
     from router.calibration import BytesPerToken
     from router.policies import build_policy
 

@@ -42,13 +42,16 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from gateway.commands.processes import free_port, stop_processes
 from prefix_index import (
     BYTES_PER_TOKEN_ESTIMATE,
     DEFAULT_BLOCK_SIZE_TOKENS,
     MemoryPrefixIndex,
     PrefixIndex,
-    RedisPrefixIndex,
     TierCapacity,
     block_hashes,
     block_size_bytes,
@@ -56,6 +59,7 @@ from prefix_index import (
     chain_seed,
     chat_canonical_bytes,
 )
+from prefix_index.redis_index import RedisPrefixIndex
 from prefix_index.redis_connect import connect
 
 MODEL = "llama-3.1-8b-instruct"

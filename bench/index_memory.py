@@ -36,6 +36,10 @@ import aiohttp
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from fleet_config.catalog import default_catalog  # noqa: E402
 from fleet_config.settings import parse_settings  # noqa: E402
 from gateway.commands.processes import free_port  # noqa: E402

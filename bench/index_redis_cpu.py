@@ -41,18 +41,22 @@ from typing import Any
 
 import redis
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 import prefix_index
 from index_bench import local_redis
 from prefix_index import (
     BYTES_PER_TOKEN_ESTIMATE,
     DEFAULT_BLOCK_SIZE_TOKENS,
-    RedisPrefixIndex,
     TierCapacity,
     block_hashes,
     block_size_bytes,
     chain_seed,
     chat_canonical_bytes,
 )
+from prefix_index.redis_index import RedisPrefixIndex
 
 MODEL = "llama-3.1-8b"
 N_BACKENDS = 8

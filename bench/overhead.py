@@ -95,6 +95,10 @@ from peer_routers import PEER_ROUTERS, READINESS_PATH, install_peers, is_ready, 
 from prometheus_client.parser import text_string_to_metric_families
 
 import hot_path
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
+from gateway.commands.fleet import READY_TIMEOUT_S
 from gateway.commands.processes import free_port, stop_processes
 
 from fleet_config.catalog import default_catalog
@@ -111,7 +115,6 @@ CHAT_PATH = "/v1/chat/completions"
 # after a warm-up of max(16 prompts, 2 x concurrency) requests.
 CELL_S, QUICK_CELL_S = 3.0, 1.5
 MAX_REQUESTS = 50_000
-READY_TIMEOUT_S = 30.0
 DEFAULT_TARGETS = ("direct", "bare", "memory", "redis", *PEER_ROUTERS)
 
 

@@ -23,6 +23,10 @@ from typing import Any
 # gets the same from its working directory: bench/overhead.py starts both from the tree's root).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from gateway import routing  # noqa: E402
 from gateway.commands.cli import main  # noqa: E402
 

@@ -29,7 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from bench.routing_quality import PLAN, git_commit, load_fleets  # noqa: E402
+from fleet_config.settings import DEFAULT_LOAD_SYNC_INTERVAL_S  # noqa: E402 -- the gateway's exchange period
 from sim.replicas import Topology  # noqa: E402
 from sim.report import policy_report  # noqa: E402
 from sim.runner import SimJob, run_jobs  # noqa: E402
@@ -49,7 +54,7 @@ def run_workload(name: str, requests: list, rate_scale: float, lag_s: float, wor
     fleets = {FLEET: load_fleets()[FLEET]}
     def topology(n: int, state: str) -> Topology:
         if state == "synced-50ms":
-            return Topology(n, "synced", lag_s, sync_interval_s=0.05)
+            return Topology(n, "synced", lag_s, sync_interval_s=DEFAULT_LOAD_SYNC_INTERVAL_S)
         return Topology(n, state, lag_s)  # type: ignore[arg-type]
 
     jobs = [SimJob(FLEET, "kappa", rate_scale, topology=topology(n, state)) for state in STATES for n in REPLICAS]

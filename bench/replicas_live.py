@@ -37,6 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from fleet_config.catalog import default_catalog  # noqa: E402
 from fleet_config.settings import Settings, load_settings, parse_settings  # noqa: E402
 from gateway.commands.demo import gateway_process, on_free_ports  # noqa: E402

@@ -35,6 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from fleet_config.catalog import CONFIG_DIR, default_catalog  # noqa: E402
 from fleet_config.settings import load_settings  # noqa: E402
 from router.policies import POLICY_NAMES  # noqa: E402

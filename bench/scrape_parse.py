@@ -21,6 +21,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from fleet_config import default_catalog
 from gateway.backends.scrape import parse_vllm_metrics, read_families
 from mock_vllm.app_factory import idle_metrics_page

@@ -54,6 +54,10 @@ from email.utils import formatdate
 import httptools
 import uvloop
 
+import hot_path  # noqa: E402
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
 from prefix_index.hashing import (  # ~bytes per token of the bench's prompts
     BYTES_PER_TOKEN_ESTIMATE,
     block_hashes,

@@ -8,12 +8,8 @@
                (outcome within one block; holders to forget when short again and again)
 
 May import `router` and `prefix_index` only; no I/O of its own (the index does it), no clock
-but an injected one.
+but an injected one. Importing it selects no build: the entry points do (`hot_path.select`).
 """
-
-import hot_path
-
-hot_path.select()  # compiled modules or their sources, before any is imported (hot_path)
 
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
 from dispatch.ledger import Ledger, Ticket

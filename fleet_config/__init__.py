@@ -6,8 +6,11 @@
     errors     ConfigError
 
 Every reader of a fleet file goes through `load_settings` / `parse_settings`: the gateway
-(`gateway.lifespan`), the simulator (`sim.fleet.fleet_from_settings`) and the mocks
-(`mock_vllm.app_factory.build_backend_app`), so a backend field means the same everywhere.
+(its command line and workers, then `gateway.lifespan`), the simulator
+(`sim.fleet.fleet_from_settings`) and the mocks (`mock_vllm.app_factory.build_backend_app`), so a
+backend field means the same everywhere. The config's defaults are defined here or imported from
+the module that owns them (the index's from `prefix_index`). Importing the package reads no file
+and no environment variable, and loads no Redis client: `load_settings` reads them when called.
 """
 
 from fleet_config.catalog import CONFIG_DIR, default_catalog, load_catalog

@@ -1,8 +1,8 @@
 """Reads the model and hardware catalogs (``config/models.yaml``, ``config/hardware.yaml``).
 
-The gateway is the composition root and the only package that reads files (DESIGN.md §2):
-`router.profiles.Catalog` is built from the parsed mappings here and handed to whoever
-needs it (the router, the mock backends, the simulator).
+The router reads no files (DESIGN.md §2): `router.profiles.Catalog` is built here from the
+parsed mappings, when asked (`default_catalog` reads the shipped files once per process, not at
+import), and handed to whoever needs it (the gateway, the mock backends, the simulator).
 """
 
 from __future__ import annotations

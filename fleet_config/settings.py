@@ -1,12 +1,14 @@
 """The deployment config: one schema, read by the gateway, the simulator and the mock backends.
 
-The one reader of the config YAML file and of ``os.environ``.
+The one reader of the config YAML file and of the ``KAPPA_*`` environment, when `load_settings`
+or `parse_settings` is called (never at import).
 
 One file per deployment (``config/fleet.local.yaml`` is the example)::
 
     gateway:  {host, port, max_body_bytes, timeouts, health and scrape intervals}
     index:    {backend: memory|redis, redis_url, key_prefix, timeout_s, key_ttl_s, breaker_failures,
-               breaker_open_s, breaker_max_open_s, block_size_tokens, bytes_per_token}
+               breaker_open_s, breaker_max_open_s, block_size_tokens, bytes_per_token, share_load,
+               load_sync_interval_s}
     routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed}
     models:   {served name: {profile: catalog name}}          (optional; default: catalog names)
     kv_pool:  {capacity_gb, link_gb_s_per_gpu}                (optional: a KV store the fleet shares)
@@ -17,6 +19,9 @@ Parsing is strict: an unknown key or a bad value fails at start-up with its path
 (``backends[2].hardware: unknown hardware 'h300'``), never a silent default (STYLE.md B7).
 Environment variables override the deployment settings only: ``KAPPA_HOST``, ``KAPPA_PORT``,
 ``KAPPA_REDIS_URL`` (which also switches the index to Redis), ``KAPPA_ADMIN_API_KEY``.
+
+Defaults are defined once: the index's in `prefix_index` (`prefix_index.redis_defaults`, the
+breaker's, the block size), imported here; the gateway's own here (``DEFAULT_*``).
 """
 
 from __future__ import annotations
@@ -36,12 +41,16 @@ from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
 from prefix_index.breaker import DEFAULT_FAILURE_THRESHOLD, DEFAULT_MAX_OPEN_S, DEFAULT_OPEN_S
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
-from prefix_index.redis_connect import parse_redis_url
-from prefix_index.redis_index import DEFAULT_KEY_TTL_S
+from prefix_index.redis_defaults import DEFAULT_KEY_PREFIX, DEFAULT_KEY_TTL_S, DEFAULT_TIMEOUT_S
 from router.cost import BackendSpec, kv_pool_link_gb_s
 from router.policies import POLICY_NAMES, PolicyConfigError, build_policy
 from router.profiles import Catalog, ModelProfile
 
+# Seconds between a gateway replica's periodic load exchanges (gateway.replicas.peer_load): its
+# lease (20 intervals, 1 s) and its stretched period while decisions read (5 intervals, 250 ms)
+# are multiples of it; 50 ms keeps what a joining replica first reads within 50 ms of current at
+# 20 small Lua calls a second per replica. Decisions read the others' figures on their own clock.
+DEFAULT_LOAD_SYNC_INTERVAL_S = 0.05
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # 32 MiB: a 128k-token prompt is ~0.5 MB of text; images are larger
 
 
@@ -125,8 +134,8 @@ class IndexSection(_Strict):
 
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None
-    key_prefix: str = "kappa"
-    timeout_s: float = Field(default=0.05, gt=0)
+    key_prefix: str = DEFAULT_KEY_PREFIX
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
     key_ttl_s: int = Field(default=DEFAULT_KEY_TTL_S, ge=1)
     breaker_failures: int = Field(default=DEFAULT_FAILURE_THRESHOLD, ge=1)
     breaker_open_s: float = Field(default=DEFAULT_OPEN_S, gt=0)
@@ -136,12 +145,14 @@ class IndexSection(_Strict):
     # With redis: gateway replicas exchange their load through it every this many seconds and
     # record a request's chain when it is sent (gateway.replicas.peer_load); false: each replica alone.
     share_load: bool = True
-    load_sync_interval_s: float = Field(default=0.05, gt=0)
+    load_sync_interval_s: float = Field(default=DEFAULT_LOAD_SYNC_INTERVAL_S, gt=0)
 
     @field_validator("redis_url")
     @classmethod
     def _redis_url_parses(cls, url: str | None) -> str | None:
         if url is not None:
+            from prefix_index.redis_connect import parse_redis_url  # redis-py parses it: loaded only for a URL
+
             parse_redis_url(url)  # its ValueError names the forms it takes
         return url
 

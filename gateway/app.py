@@ -1,18 +1,31 @@
 """The app factory: a new FastAPI app per call, its resources owned by its lifespan.
 
+This module is an entry point as well: a server that builds the app from it (``uvicorn
+--factory``, through a function giving `create_app` its settings; a ``serve --workers`` worker)
+imports the module and then calls the factory, and the module's own imports already load the
+compiled hot path, so the build is chosen (`hot_path.select`) by its first statement, not in
+`create_app`. Where an entry point that imported it chose first (the command line, the tests'
+``conftest.py``), that statement returns the choice made. `create_app` reads the one variable
+the gateway takes from the environment outside the config, prometheus-client's multiprocess
+directory (``serve --workers``), and passes it down.
+
 The two proxy routes take a fast path (`GatewayApp.__call__`): a POST to
 ``/v1/chat/completions`` or ``/v1/completions`` goes straight to `gateway.proxy.handler.serve_proxy`,
 past Starlette's and FastAPI's middleware stack (server-error, exception, body-limit and
-exit-stack layers, each wrapping ``send`` once more per message), which cost ~10% of the
-gateway's CPU per request at concurrency 32 (bench/overhead.py, py-spy). The fast path
-answers the same errors the handlers below do; everything else goes through FastAPI,
-where `gateway.edge.catch_all.CatchAll` answers what no handler did (an OpenAI-shaped 500 that
-keeps the connection open, not Starlette's plain-text one that closes it).
+exit-stack layers, each wrapping ``send`` once more per message, a cost measured in
+BENCHMARKS.md). The fast path answers the same errors the handlers below do; everything else
+goes through FastAPI, where `gateway.edge.catch_all.CatchAll` answers what no handler did (an
+OpenAI-shaped 500 that keeps the connection open, not Starlette's plain-text one that closes it).
 """
 
 from __future__ import annotations
 
+import hot_path
+
+hot_path.select()  # before the imports below load any compiled module (module docstring)
+
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,7 +44,7 @@ from gateway.edge.answers import error_response
 from gateway.proxy.handler import serve_proxy
 from gateway.routes import admin, openai
 from fleet_config.settings import Settings
-from gateway.telemetry.metrics import Telemetry
+from gateway.telemetry.metrics import MULTIPROC_DIR_ENV, Telemetry
 from router.errors import NoEligibleBackend
 from router.profiles import Catalog
 
@@ -60,9 +73,12 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
         catalog: model/hardware catalog (default: the shipped one).
         registry: Prometheus registry for this app's metrics (default: a fresh one).
         clock: monotonic seconds, for TTFT/ITL/E2E and decision timing.
+
+    Reads ``PROMETHEUS_MULTIPROC_DIR`` (`gateway.telemetry.metrics.MULTIPROC_DIR_ENV`): set, the
+    app's metrics are prometheus-client's multiprocess ones (``serve --workers``).
     """
     catalog = catalog or default_catalog()
-    telemetry = Telemetry(registry or CollectorRegistry())
+    telemetry = Telemetry(registry or CollectorRegistry(), multiprocess_dir=os.environ.get(MULTIPROC_DIR_ENV))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict]:

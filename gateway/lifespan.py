@@ -1,9 +1,11 @@
 """The composition root: opens the upstream client, the index, the backend set, in order; closes in reverse.
 
-Redis is used when the config's ``index.backend`` is ``redis`` (``KAPPA_REDIS_URL`` sets it; one
-server, a Cluster or a Sentinel set, by the URL's scheme: `prefix_index.redis_connect`),
-behind a circuit breaker (`prefix_index.breaker`) whose state the ``gateway_index_degraded``
-gauge reads; otherwise the embedded in-memory index.
+Every long-lived resource of a gateway is made here, from the validated `fleet_config.Settings`
+and what `gateway.app.create_app` passes down (catalog, telemetry, clock), so no module below
+reads a file or the environment of its own. Redis is used when the config's ``index.backend``
+is ``redis`` (``KAPPA_REDIS_URL`` sets it; one server, a Cluster or a Sentinel set, by the URL's
+scheme: `prefix_index.redis_connect`), behind a circuit breaker (`prefix_index.breaker`) whose
+state the ``gateway_index_degraded`` gauge reads; otherwise the embedded in-memory index.
 """
 
 from __future__ import annotations
@@ -25,17 +27,11 @@ from gateway.replicas.peer_load import PeerLoad
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.state import GatewayState
-from gateway.telemetry.metrics import MULTIPROCESS, REFRESH_INTERVAL_S, Telemetry
+from gateway.telemetry.metrics import REFRESH_INTERVAL_S, Telemetry
 from gateway.proxy.upstream import make_session
-from prefix_index import (
-    BreakerIndex,
-    CircuitBreaker,
-    MemoryPrefixIndex,
-    PrefixIndex,
-    PrefixIndexError,
-    RedisPrefixIndex,
-)
+from prefix_index import BreakerIndex, CircuitBreaker, MemoryPrefixIndex, PrefixIndex, PrefixIndexError
 from prefix_index.redis_connect import RedisConnection, connect, redact_url
+from prefix_index.redis_index import RedisPrefixIndex
 from router.calibration import BytesPerToken
 from router.policies import build_policy
 from router.profiles import Catalog
@@ -70,17 +66,29 @@ async def _cancel(task: asyncio.Task) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def open_peers(settings: Settings, states: list[BackendState],
-               telemetry: Telemetry) -> tuple[PeerLoad, RedisConnection]:
-    """The load exchange with the other replicas on the index's Redis (`gateway.replicas.peer_load`), and
-    its own client on that Redis (any ``redis_url`` form, `prefix_index.redis_connect`), for the caller to close."""
+def open_peers(settings: Settings, states: list[BackendState], telemetry: Telemetry,
+               index: PrefixIndex) -> tuple[PeerLoad, RedisConnection]:
+    """The load exchange with the other replicas on the index's Redis (`gateway.replicas.peer_load`), riding
+    in the index's batches where the index is a `RedisPrefixIndex` behind its breaker, and its own client on
+    that Redis (any ``redis_url`` form, `prefix_index.redis_connect`), for the caller to close. Not started."""
     cfg = settings.index
     assert cfg.redis_url is not None  # validated by IndexSection
     connection = connect(cfg.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
     peers = PeerLoad(connection.client, cfg.key_prefix, states, sync_interval_s=cfg.load_sync_interval_s,
                      read_timeout_s=cfg.timeout_s, on_sync=telemetry.peer_replicas.set,
                      on_error=telemetry.peer_sync_errors.inc)
+    if isinstance(index, BreakerIndex) and isinstance(index.index, RedisPrefixIndex):
+        peers.ride_with(index.index.carry)  # the exchange rides in the index's batches
     return peers, connection
+
+
+async def _check_redis(settings: Settings, index: PrefixIndex) -> None:
+    """One ``stats`` call at start-up: an unreachable Redis is logged, and the gateway serves without it."""
+    try:
+        await index.stats()
+    except PrefixIndexError as exc:
+        log.warning("Redis index at %s unreachable at start-up (%s): serving without prefix matches until "
+                    "it answers", redact_url(settings.index.redis_url or ""), exc)
 
 
 @asynccontextmanager
@@ -97,11 +105,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         index = make_index(settings, telemetry, clock)
         stack.push_async_callback(index.aclose)
         if settings.index.backend == "redis":
-            try:
-                await index.stats()
-            except PrefixIndexError as exc:
-                log.warning("Redis index at %s unreachable at start-up (%s): serving without prefix matches until "
-                            "it answers", redact_url(settings.index.redis_url or ""), exc)
+            await _check_redis(settings, index)
         states = [BackendState.of(b, settings.backend_spec(catalog, b)) for b in settings.backends]
         routing: RoutingService | None = None
 
@@ -120,23 +124,21 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock)
         await backends.start()
         stack.push_async_callback(backends.stop)
-        if MULTIPROCESS:  # serve --workers: each worker writes its callback gauges for the others' scrapes
+        if telemetry.multiprocess:  # serve --workers: each worker writes its callback gauges for the others' scrapes
             refresher = asyncio.create_task(_refresh_gauges(telemetry), name="gateway-metrics-refresh")
             stack.push_async_callback(_cancel, refresher)
         if settings.index.backend == "redis" and settings.index.share_load:
-            state.peers, peer_redis = open_peers(settings, states, telemetry)
+            state.peers, peer_redis = open_peers(settings, states, telemetry, index)
             routing.dispatcher.records_at_decision = True
             routing.dispatcher.peer_load = state.peers.refresh
             routing.dispatcher.peer_read_due = state.peers.read_due
-            if isinstance(index, BreakerIndex) and isinstance(index.index, RedisPrefixIndex):
-                state.peers.ride_with(index.index.carry)  # the exchange rides in the index's batches
             state.peers.start()
             stack.push_async_callback(peer_redis.aclose)
             stack.push_async_callback(state.peers.stop)
         stack.push_async_callback(state.drain)
-        healthy = sum(s.healthy for s in states)
-        log.info("gateway ready: %d/%d backends healthy, policy %s, %s index, hot path %s", healthy, len(states),
-                 settings.routing.policy, settings.index.backend, hot_path.describe())
+        log.info("gateway ready: %d/%d backends healthy, policy %s, %s index, hot path %s",
+                 sum(s.healthy for s in states), len(states), settings.routing.policy, settings.index.backend,
+                 hot_path.describe())
         # Everything allocated so far lives as long as the app: keep it out of the cyclic GC's
         # full collections, which otherwise walk it again and again under load.
         gc.freeze()

@@ -1,7 +1,7 @@
-"""The per-request hot path's compiled build: which modules, and when they are used (issue 14).
+"""Which build of the per-request hot path runs: the compiled modules or their Python sources.
 
-Two kinds of compiled code, chosen by measurement (`bench/hot_path_bench.py`, BENCHMARKS.md
-"The hot path (issue 14)"):
+Two kinds of compiled code (what is compiled, and why, is measured by `bench/hot_path_bench.py`;
+BENCHMARKS.md "The hot path"):
 
 - ``MYPYC_MODULES``: the κ cost model, candidates, policies, the in-memory index and the
   ledger, compiled by mypyc from the very Python files that define them (one definition of
@@ -17,9 +17,16 @@ when it cannot. At run time the sources are used instead of a compiled module wh
 - any compiled module is older than its source (an edited tree not rebuilt): all sources
   are used, with one warning saying to re-run ``pip install -e .``, so an edit always runs.
 
-The choice is all or nothing — mypyc calls between compiled modules natively, so a compiled
-module never runs beside the source of another — and is made once, by the first package that
-asks (`select`, called at the top of ``router``, ``prefix_index`` and ``dispatch``).
+The choice is all or nothing (mypyc calls between compiled modules natively, so a compiled
+module never runs beside the source of another) and is made once per process by `select`,
+which the entry points call before they import anything compiled: the ``kappa-gateway``
+command line (`gateway.commands.cli`, also ``python -m gateway``), the app factory's module
+(`gateway.app`, for a server that imports it to build the app, ``uvicorn --factory`` or a
+``serve --workers`` worker), the ``bench/`` scripts and the tests' ``conftest.py``. Importing a
+package never selects: a program that imports ``router`` without calling `select` runs whatever
+the import system finds (the build, if any). A `select` that comes after a compiled module was
+imported and would choose the sources keeps the build (all or nothing) and warns, naming the
+modules.
 
 This room imports nothing of the project (it sits below every package that uses it).
 """
@@ -31,6 +38,7 @@ import importlib.util
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,32 +128,54 @@ def _use_sources() -> None:
         sys.path_importer_cache[directory] = importlib.machinery.FileFinder(directory, *loaders)
 
 
+def _why_sources() -> str | None:
+    """Why the sources should run (``"pure Python (...)"``), or None: the build runs."""
+    if pure_python_requested():
+        return f"pure Python ({PURE_PYTHON_ENV} is set)"
+    # In a source checkout (setup.py beside the packages) an edit may postdate the build; an
+    # installed wheel's files are all written after its compiled modules, and are not edited.
+    stale = stale_modules() if (ROOT / "setup.py").exists() else []
+    if stale:
+        more = ", ..." if len(stale) > 3 else ""
+        why = (f"pure Python (compiled modules older than their source: {', '.join(stale[:3])}{more}; "
+               "re-run pip install -e . to rebuild them)")
+        log.warning("hot path: %s", why)
+        return why
+    if _shims_without_group():
+        why = (f"pure Python (the mypyc group library {MYPYC_GROUP}__mypyc is missing: a partial build; "
+               "re-run pip install -e .)")
+        log.warning("hot path: %s", why)
+        return why
+    return None
+
+
 def select() -> str:
     """Decide, once per process, whether the compiled modules or the sources run (module
-    docstring); returns ``"compiled"`` or the reason the sources run. Call it before any
-    compiled module is imported (the packages' ``__init__`` do)."""
+    docstring); returns ``"compiled"``, the reason the sources run (``"pure Python (...)"``),
+    or, called after a compiled module was imported when the sources were wanted,
+    ``"compiled, though ..."`` naming those modules (with a `RuntimeWarning` saying the same).
+    Entry points call it before importing anything compiled; later calls return the first answer.
+    Reads ``KAPPA_PURE_PYTHON`` and the build's file times; may replace path-entry finders
+    (`sys.path_importer_cache`) so that the sources are imported."""
     global _decision
     if _decision is not None:
         return _decision
-    if pure_python_requested():
-        _decision = f"pure Python ({PURE_PYTHON_ENV} is set)"
+    why = _why_sources()
+    already = compiled_modules()
+    if why is None:
+        _decision = "compiled"
+    elif already:  # too late to choose: the compiled modules stay, and the rest follow them
+        _decision = (f"compiled, though the sources were wanted ({why.removeprefix('pure Python (')}: "
+                     f"{', '.join(already)} imported compiled before hot_path.select()")
+        warnings.warn(f"hot path: {_decision}", RuntimeWarning, stacklevel=2)
     else:
-        # In a source checkout (setup.py beside the packages) an edit may postdate the build; an
-        # installed wheel's files are all written after its compiled modules, and are not edited.
-        stale = stale_modules() if (ROOT / "setup.py").exists() else []
-        if stale:
-            _decision = f"pure Python (compiled modules older than their source: {', '.join(stale[:3])}"
-            _decision += ", ..." if len(stale) > 3 else ""
-            _decision += "; re-run pip install -e . to rebuild them)"
-            log.warning("hot path: %s", _decision)
-        elif _shims_without_group():
-            _decision = (f"pure Python (the mypyc group library {MYPYC_GROUP}__mypyc is missing: a partial build; "
-                         "re-run pip install -e .)")
-            log.warning("hot path: %s", _decision)
-        else:
-            _decision = "compiled"
-    if _decision != "compiled":
+        _decision = why
         _use_sources()
+    return _decision
+
+
+def selected() -> str | None:
+    """What `select` decided in this process, or None while it has not run."""
     return _decision
 
 
@@ -170,7 +200,7 @@ def describe() -> str:
     """One line for logs and benchmarks: what runs compiled, counted from the build (not from
     what this process imported so far), or why nothing does; a partial build says so."""
     decision = select()
-    if decision != "compiled":
+    if decision != "compiled":  # the sources, or the build imported before `select` (its reason says so)
         return decision
     mypyc, c = built()
     if not mypyc and not c:

@@ -7,6 +7,7 @@ Public surface (DESIGN.md §4)::
     base        PrefixIndex protocol, TierCapacity, BlockMatch, IndexStats
     memory_index / redis_index   the two implementations (same contract tests)
     redis_connect   redis_url -> client: one server, a Redis Cluster, or a Sentinel set's master
+    redis_defaults  the Redis index's defaults (key prefix, timeouts, key TTL), without redis
     pending     chains routed but not yet prefilled, overlaid on the index's matches
     pool        a fleet-shared KV pool's chains (pseudo-backend KV_POOL_ID), overlaid likewise
     breaker     circuit breaker around an index (a frozen Redis is skipped, then probed)
@@ -19,11 +20,11 @@ Typical request path::
     seed = chain_seed(model, cache_salt(body))
     hashes = block_hashes(data, block_size_bytes=size, seed=seed)
     matches = await index.match(model, hashes, capacities)
+
+Importing the package imports neither redis nor a build choice: the Redis implementation is
+imported from its modules (``from prefix_index.redis_index import RedisPrefixIndex``) by
+those that use it, and the entry points choose compiled or source (`hot_path.select`).
 """
-
-import hot_path
-
-hot_path.select()  # compiled modules or their sources, before any is imported (hot_path)
 
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, PrefixIndex, TierCapacity
 from prefix_index.breaker import BreakerIndex, CircuitBreaker
@@ -50,7 +51,6 @@ from prefix_index.hashing import (
 from prefix_index.memory_index import MemoryPrefixIndex
 from prefix_index.pending import PendingChains
 from prefix_index.kv_pool import KV_POOL_ID, kv_pool_capacity, with_kv_pool
-from prefix_index.redis_index import RedisPrefixIndex
 
 __all__ = [
     "BYTES_PER_TOKEN_ESTIMATE",
@@ -69,7 +69,6 @@ __all__ = [
     "PendingChains",
     "PrefixIndex",
     "PrefixIndexError",
-    "RedisPrefixIndex",
     "TierCapacity",
     "block_hashes",
     "block_size_bytes",

@@ -66,6 +66,12 @@ from prefix_index.deadline import Deadline
 from prefix_index.errors import IndexUnavailable
 from prefix_index.redis_batch import Coalescer, Rider
 from prefix_index.redis_connect import connect
+from prefix_index.redis_defaults import (  # defined there, redis-free, for the config to import too
+    DEFAULT_ADMIN_TIMEOUT_S,
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_KEY_TTL_S,
+    DEFAULT_TIMEOUT_S,
+)
 from prefix_index.redis_registry import Registry
 
 __all__ = [
@@ -76,17 +82,6 @@ __all__ = [
     "RedisPrefixIndex",
 ]
 
-DEFAULT_KEY_PREFIX = "kappa"
-# Request-path budget per call: a same-zone Redis answers a match for 8 backends in
-# ~0.1-0.5 ms (bench/index_bench.py), so 50 ms is ~100x headroom yet small next to the
-# hundreds of ms of a long prefill; past it the router proceeds without prefix hints.
-DEFAULT_TIMEOUT_S = 0.05
-# forget and stats run off the request path and may touch every key of a backend.
-DEFAULT_ADMIN_TIMEOUT_S = 5.0
-# Index keys expire this long after their last record: a day, so a retired backend's or
-# model's entries go while a backend idle overnight (whose KV cache vLLM has long since
-# reused) loses nothing it still holds.
-DEFAULT_KEY_TTL_S = 24 * 3600
 # A call's own deadline, from when it is queued, as a multiple of timeout_s (200 ms for
 # 50 ms): its batch's deadline (timeout_s from the send) times Redis and fails it first;
 # this one leaves room for a loop stall before the send (the 80 ms, and a

@@ -55,7 +55,13 @@ from __future__ import annotations
 import struct
 from functools import lru_cache
 
-__all__ = ["BATCH_LUA", "MATCH_SPEC_FORMAT", "match_spec_struct"]
+__all__ = ["BATCH_LUA", "LUA_UNPACK_CHUNK_VALUES", "MATCH_SPEC_FORMAT", "match_spec_struct"]
+
+# Values one unpack() passes to a command in a script (a ZADD's score/member pairs, an HSET's
+# field/value pairs), here and in the replicas' exchange (gateway.replicas.figures): Lua's C
+# stack holds at most LUAI_MAXCSTACK = 8000 values (Lua 5.1, Redis's), so 2000 leaves room 4x
+# over; even, so that no pair is split.
+LUA_UNPACK_CHUNK_VALUES = 2000
 
 # One backend of a match, as ``struct`` packs it on both sides: the blocks key's index in
 # KEYS (uint32), then its HBM and host capacity in blocks as doubles (what tonumber() made
@@ -88,7 +94,7 @@ def match_spec_struct(n_backends: int) -> struct.Struct:
 #
 # Record: depth d gets score top - d, i.e. base + (n - 1 - d) with base = top - n + 1,
 # unless the chain already holds ranks 0..n-1 (see the module docstring); ZADD goes in
-# batches of 1000 pairs to stay under Lua's unpack() stack limit (LUAI_MAXCSTACK = 8000);
+# batches of LUA_UNPACK_CHUNK_VALUES values (score, member pairs), under unpack()'s stack limit;
 # then trim to the total capacity by rank; then EXPIRE the key (a no-op if the trim
 # emptied it) and, once per batch, the clock.
 # Match: base.match_chain's two searches with ZREVRANK, probing block 1 first (see above).
@@ -118,7 +124,7 @@ local function touch(key, packed, n, top)
     else
       unit = unit - 1
     end
-    if i == 2000 then
+    if i == UNPACK_CHUNK then
       redis.call('ZADD', key, unpack(args, 1, i))
       i = 0
     end
@@ -195,8 +201,8 @@ end
 -- its lease, then HGETALL each hash after it in KEYS.
 if rider > 0 then
   if a <= #ARGV then
-    for i = a, #ARGV, RIDER_CHUNK do
-      redis.call('HSET', KEYS[rider], unpack(ARGV, i, math.min(i + RIDER_CHUNK - 1, #ARGV)))
+    for i = a, #ARGV, UNPACK_CHUNK do
+      redis.call('HSET', KEYS[rider], unpack(ARGV, i, math.min(i + UNPACK_CHUNK - 1, #ARGV)))
     end
     redis.call('PEXPIRE', KEYS[rider], ARGV[5])
   end
@@ -207,7 +213,5 @@ end
 return out
 """
 _SPEC_ONE = struct.Struct(">" + MATCH_SPEC_FORMAT)
-# ARGV values per HSET in the rider (pairs; Lua's unpack has a stack limit of ~8000 values).
-RIDER_CHUNK = 2000
 BATCH_LUA = (_SOURCE.replace("SPEC_FORMAT", repr(_SPEC_ONE.format)).replace("SPEC_BYTES", str(_SPEC_ONE.size))
-             .replace("RIDER_CHUNK", str(RIDER_CHUNK)))
+             .replace("UNPACK_CHUNK", str(LUA_UNPACK_CHUNK_VALUES)))

@@ -1,5 +1,5 @@
-"""The router: κ cost model, candidates and policies (pure: no I/O)."""
+"""The router: κ cost model, candidates and policies (pure: no I/O, no clock).
 
-import hot_path
-
-hot_path.select()  # compiled modules or their sources, before any is imported (hot_path)
+Importing it does nothing else: which build of its hot-path modules runs (compiled or source)
+is chosen by the entry points, `hot_path.select`.
+"""

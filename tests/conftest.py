@@ -3,6 +3,12 @@ Redis Cluster per session (started on first use)."""
 
 from __future__ import annotations
 
+import hot_path
+
+# The test run's entry point: compiled or source (KAPPA_PURE_PYTHON=1: the sources), before
+# any test module imports a compiled one (hot_path.select).
+hot_path.select()
+
 import os
 import shutil
 import uuid

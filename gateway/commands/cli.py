@@ -9,6 +9,12 @@ backends) in `gateway.commands.mock_cli`. ``analyze`` is not built yet and is ab
 
 from __future__ import annotations
 
+import hot_path
+
+# The entry point of ``kappa-gateway`` and ``python -m gateway`` (and so of every command: serve,
+# sim, mock-vllm, mock-fleet and its workers): compiled or source, before any is imported below.
+hot_path.select()
+
 import json
 import logging
 from pathlib import Path

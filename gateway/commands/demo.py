@@ -35,7 +35,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_config.catalog import CONFIG_DIR, default_catalog
-from gateway.commands.fleet import mock_fleet
+from gateway.commands.fleet import READY_TIMEOUT_S, mock_fleet
 from gateway.commands.processes import answers_ok, free_port, stop_processes
 from gateway.commands.replay import RequestResult, replay
 from sim.report import percentile
@@ -49,7 +49,6 @@ DEFAULT_RATE_RPS = 2.5  # modelled requests/s (Mooncake's own rate is 3.4)
 # Mocks run 2.5× faster than real time: 400 requests in about a minute of wall time, enough for
 # per-backend shares to mean something, with the 2-core machine's mocks still on schedule.
 DEFAULT_TIME_SCALE = 0.4
-READY_TIMEOUT_S = 30.0
 
 
 def on_free_ports(settings: Settings) -> Settings:

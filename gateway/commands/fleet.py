@@ -27,6 +27,9 @@ from fleet_config import BackendEntry, Settings
 from gateway.commands.processes import answers_ok, stop_processes
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+# Seconds a child process started here (a mock fleet's, the demo's gateway) has to answer its
+# health check: its Python start-up and imports take about 1 s on an idle 2-core machine and a
+# few on a loaded one, so 30 s is an order of magnitude over what it needs. Shared by demo and bench.
 READY_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.05
 

@@ -26,8 +26,9 @@ import secrets
 import socket
 
 from dispatch import Target
+from prefix_index.redis_lua import LUA_UNPACK_CHUNK_VALUES
 
-HSET_CHUNK_FIELDS = 1000  # fields per HSET in the script (Lua's unpack has a stack limit of ~8000 values)
+HSET_CHUNK_FIELDS = LUA_UNPACK_CHUNK_VALUES // 2  # fields per HSET in the script (a field and its value each)
 
 # KEYS[1]: this replica's hash; KEYS[2]: the members set; KEYS[3..]: the other members' hashes.
 # ARGV[1]: the lease, ms; ARGV[2]: this replica's id to renew its membership and return the member

@@ -75,12 +75,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from dispatch import Target
+from fleet_config.settings import DEFAULT_LOAD_SYNC_INTERVAL_S as DEFAULT_SYNC_INTERVAL_S
 from gateway.replicas.figures import EXCHANGE_LUA, pack_figures, replica_id, sum_figures, text
 from prefix_index.redis_batch import Rider
+from prefix_index.redis_defaults import DEFAULT_TIMEOUT_S
 
 log = logging.getLogger("kappa_gateway.peers")
 
-DEFAULT_SYNC_INTERVAL_S = 0.05
 LEASE_INTERVALS = 20  # a replica's figures outlive it by this many sync intervals (1 s by default)
 EXCHANGE_TIMEOUT_S = 1.0  # one exchange, at most (the lane is blocked meanwhile; decisions wait less)
 # With the exchange carried by the index's batches, how long a change waits for one before it is
@@ -108,7 +109,7 @@ class PeerLoad:
     """
 
     def __init__(self, client: redis.Redis | RedisCluster, key_prefix: str, targets: Sequence[Target], *,
-                 sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S, read_timeout_s: float = 0.05,
+                 sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S, read_timeout_s: float = DEFAULT_TIMEOUT_S,
                  on_sync: Callable[[int], None] | None = None, on_error: Callable[[], None] | None = None) -> None:
         self.client, self.targets = client, list(targets)
         self.read_timeout_s = read_timeout_s

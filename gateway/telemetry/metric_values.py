@@ -4,9 +4,8 @@ In prometheus-client's multiprocess mode every ``inc``/``set``/``observe`` write
 the process's mmapped ``<type>_<pid>.db`` file at once (prometheus-client 0.26 ``values.py``,
 ``MmapedValue``: a lock, a dict lookup of the key's offset, a ``struct.pack_into``), so that
 ``MultiProcessCollector`` can read every worker's values from the files. A gateway request makes
-~20 such updates (its histograms write a bucket and the sum each), and a worker spent ~3–4% of its
-CPU in them under load (py-spy, ``bench/overhead.py``'s ``redis-w2``, 8k tokens, c = 32), about
-twice what the same updates cost in one process's plain in-memory values.
+many such updates (its histograms write a bucket and the sum each), a cost measured in
+BENCHMARKS.md ("`serve --workers 2`").
 
 `install` makes the metrics a worker creates from then on keep their value in memory and write
 it to the file only at `flush`: a value updated since the last flush is written once, whatever
@@ -19,8 +18,8 @@ callback gauges it writes then: `gateway.telemetry.metrics.Telemetry.refresh`), 
 - a worker killed with SIGKILL loses the updates since its last flush (≤ 1 s of its counts;
   its in-flight requests are lost with it anyway); a worker that stops cleanly loses none.
 
-The value class is prometheus-client's own ``MultiProcessValue`` class (the pid read once, as
-before: `gateway.serving.workers.metrics_pid_read_once`), with only its two writing methods
+The value class is prometheus-client's own ``MultiProcessValue`` class (the pid read once:
+`gateway.serving.workers.metrics_pid_read_once`), with only its two writing methods
 deferred; reading (``get``), the file names and the collector are prometheus-client's.
 Single-threaded by design, as the worker's event loop is: an update from another thread
 between a flush's swap and its writes is kept for the next flush, never lost.

@@ -9,8 +9,9 @@ a client cannot blow up cardinality. Names follow Prometheus conventions: base u
 is in its ``x-kappa-crit`` header, not a metric; its regime labels ``gateway_requests_total``.
 Every labelled series a request can touch is created
 at start-up at 0 (`Telemetry.init_backend`, `Telemetry.init_requests`): ``rate()`` needs a
-series to exist before its first increment, or the first requests never show (a dashboard's
-transfer-bound share read 0 after transfer-bound requests).
+series to exist before its first increment, or the first requests never show.
+Multiprocess mode (``serve --workers``) is chosen by `Telemetry`'s ``multiprocess_dir``, which the
+app factory reads from ``PROMETHEUS_MULTIPROC_DIR``; nothing here reads the environment.
 
 | metric | type | labels |
 | --- | --- | --- |
@@ -47,20 +48,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import os
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from gateway.telemetry import metric_values
-
-# prometheus-client's multiprocess mode (``serve --workers``): chosen by this variable at import,
-# as prometheus-client itself decides. Gauges then combine over workers by their
-# ``multiprocess_mode`` (livesum: loads add up; mostrecent: the last value any worker wrote).
-MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR" in os.environ
-REFRESH_INTERVAL_S = 1.0
-
 from router.kappa import Regime
 from router.kappa_fit import KappaCritMeasurement
+
+# prometheus-client's multiprocess mode (``serve --workers``) is on when this variable names a
+# directory: prometheus-client reads it when it is imported, the gateway in `gateway.app.create_app`
+# (passed here as ``multiprocess_dir``). Gauges then combine over workers by their
+# ``multiprocess_mode`` (livesum: loads add up; mostrecent: the last value any worker wrote).
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Seconds between a worker's writes of its callback gauges and write-behind values (multiprocess
+# mode): a Prometheus scrape interval is 15-60 s, so the others' figures are at most 1 s old in it.
+REFRESH_INTERVAL_S = 1.0
 
 # 0.01 … 1e5, 3 buckets per decade: κ_ratio spans 7 decades (REFERENCE.md §1: Mooncake p99 ≈ 890,
 # document QA ≈ 10,000).
@@ -86,10 +87,14 @@ class Telemetry:
     Args:
         registry: where to register (a fresh `CollectorRegistry` per app, so two apps in one
             process — tests — never collide).
+        multiprocess_dir: prometheus-client's multiprocess directory (``MULTIPROC_DIR_ENV``,
+            ``serve --workers``), or None: one process, callback gauges read when scraped.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, multiprocess_dir: str | None = None) -> None:
         self.registry = registry
+        self.multiprocess_dir = multiprocess_dir
+        self.multiprocess = multiprocess_dir is not None
         r = registry
         self.requests = Counter("gateway_requests", "Requests by outcome.",
                                 ["backend", "model", "policy", "regime", "status"], registry=r)
@@ -223,7 +228,7 @@ class Telemetry:
         """``child`` reads ``value()``: when scraped (one process), or at each `refresh`
         (prometheus-client's multiprocess mode, ``serve --workers``: a callback cannot cross
         processes, so each worker writes its value every `REFRESH_INTERVAL_S`)."""
-        if MULTIPROCESS:
+        if self.multiprocess:
             self._functions.append((child, value))
         else:
             child.set_function(value)
@@ -238,11 +243,11 @@ class Telemetry:
     def exposition(self) -> bytes:
         """The ``/metrics`` page: this registry, or with ``serve --workers`` every worker's
         series combined (`prometheus_client.multiprocess.MultiProcessCollector`)."""
-        if not MULTIPROCESS:
+        if not self.multiprocess:
             return generate_latest(self.registry)
         self.refresh()
         merged = CollectorRegistry()
-        multiprocess.MultiProcessCollector(merged)
+        multiprocess.MultiProcessCollector(merged, path=self.multiprocess_dir)
         return generate_latest(merged)
 
     def backend(self, backend_id: str) -> BackendSeries:

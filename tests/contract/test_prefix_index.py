@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from prefix_index import BlockMatch, MemoryPrefixIndex, PrefixIndex, RedisPrefixIndex, TierCapacity
+from prefix_index import BlockMatch, MemoryPrefixIndex, PrefixIndex, TierCapacity
+from prefix_index.redis_index import RedisPrefixIndex
 from prefix_index.redis_connect import connect
 from tests.contract.index_support import CONTRACT_TIMEOUT_S, ROOMY, ZERO, chain, labels
 
@@ -120,7 +121,7 @@ async def test_a_chain_longer_than_capacity_keeps_a_prefix(index: PrefixIndex) -
 
 async def test_long_chains_of_a_128k_token_prompt(index: PrefixIndex) -> None:
     cap = TierCapacity(hbm_blocks=1000, host_blocks=1500)
-    long = chain(labels("L", 2200))  # past Redis' ZADD batch of 1000 pairs
+    long = chain(labels("L", 2200))  # past two of Redis' ZADD batches (redis_lua.LUA_UNPACK_CHUNK_VALUES)
     await index.record("m1", "b1", long, cap)
     assert (await index.match("m1", long, {"b1": cap}))["b1"] == BlockMatch(2200, 1000, 1200)
     await index.record("m1", "b1", chain(labels("y", 600)), cap)  # pushes 300 past 2500

@@ -20,14 +20,15 @@ from prefix_index import (
     CircuitBreaker,
     IndexCircuitOpen,
     IndexUnavailable,
-    RedisPrefixIndex,
 )
+from prefix_index.redis_defaults import DEFAULT_TIMEOUT_S
+from prefix_index.redis_index import RedisPrefixIndex
 from tests.contract.index_support import ROOMY, chain, drop_keys, labels
 from tests.support.redis_server import frozen, redis_process
 
 pytestmark = pytest.mark.redis
 
-TIMEOUT_S = 0.05  # the gateway's default index deadline
+TIMEOUT_S = DEFAULT_TIMEOUT_S  # the gateway's default index deadline
 STALL_S = 0.08  # a CPU-bound stretch of the gateway's loop, longer than the deadline
 
 

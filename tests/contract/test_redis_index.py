@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from prefix_index import BlockMatch, IndexUnavailable, MemoryPrefixIndex, RedisPrefixIndex, TierCapacity
+from prefix_index import BlockMatch, IndexUnavailable, MemoryPrefixIndex, TierCapacity
+from prefix_index.redis_index import RedisPrefixIndex
 from tests.contract.index_support import CONTRACT_TIMEOUT_S, ROOMY, ZERO, chain, drop_keys, labels
 from tests.support.redis_server import free_port
 

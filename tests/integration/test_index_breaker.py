@@ -27,7 +27,8 @@ import pytest
 import redis.asyncio as redis
 
 from fleet_config import default_catalog, parse_settings
-from prefix_index import RedisPrefixIndex
+from prefix_index.redis_defaults import DEFAULT_TIMEOUT_S
+from prefix_index.redis_index import RedisPrefixIndex
 from tests.integration.gateway_support import MOCK_MODEL, backend_doc, poll, run_gateway, run_mocks
 from tests.support.redis_server import frozen, redis_process
 from tests.unit.gateway.routing_support import routing_service
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
 BODY = {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "shared prefix " * 400}], "max_tokens": 3}
 CONTROL = {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}  # < one block
-TIMEOUT_S = 0.05
+TIMEOUT_S = DEFAULT_TIMEOUT_S  # the gateway's default index deadline
 OPEN_S = 0.5
 SAMPLES = 30
 

@@ -20,7 +20,8 @@ from redis.asyncio.connection import Connection
 from dispatch import Target, Ticket
 from fleet_config.catalog import default_catalog
 from gateway.replicas.peer_load import CARRY_WAIT_S, PeerLoad
-from prefix_index import RedisPrefixIndex, TierCapacity
+from prefix_index import TierCapacity
+from prefix_index.redis_index import RedisPrefixIndex
 from router.cost import BackendSpec
 from tests.integration.gateway_support import replicas_met
 from tests.support.redis_server import frozen, redis_process

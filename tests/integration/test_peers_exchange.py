@@ -20,6 +20,7 @@ from redis.asyncio.connection import Connection
 from dispatch import Target, Ticket
 from fleet_config.catalog import default_catalog
 from gateway.replicas.peer_load import SYNC_STRETCH_INTERVALS, PeerLoad
+from prefix_index.redis_defaults import DEFAULT_TIMEOUT_S
 from router.cost import BackendSpec
 from tests.integration.gateway_support import replicas_met
 from tests.support.redis_server import frozen, redis_process
@@ -63,7 +64,7 @@ def server() -> Iterator[tuple[str, object]]:
 
 
 @asynccontextmanager
-async def replica(url: str, *, counted: bool = False, read_timeout_s: float = 0.05,
+async def replica(url: str, *, counted: bool = False, read_timeout_s: float = DEFAULT_TIMEOUT_S,
                   sync_interval_s: float = QUIET_S,
                   connection_class: type[Connection] | None = None) -> AsyncIterator[PeerLoad]:
     connection_class = connection_class or (CountingConnection if counted else Connection)

@@ -24,7 +24,8 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from fleet_config import default_catalog
 from mock_vllm.app_factory import build_backend_app, standalone_settings
-from prefix_index import RedisPrefixIndex, TierCapacity
+from prefix_index import TierCapacity
+from prefix_index.redis_index import RedisPrefixIndex
 from prefix_index.redis_connect import HiredisPacking
 from tests.integration.gateway_support import (
     Gateway,

@@ -18,7 +18,8 @@ import openai
 import pytest
 import redis
 
-from prefix_index import IndexUnavailable, RedisPrefixIndex, TierCapacity
+from prefix_index import IndexUnavailable, TierCapacity
+from prefix_index.redis_index import RedisPrefixIndex
 from tests.integration.gateway_support import backend_doc, poll, run_gateway, run_mocks
 from tests.support.redis_sentinel import SentinelSetup, redis_sentinel
 

@@ -6,7 +6,8 @@ import pytest
 
 from fleet_config.catalog import default_catalog
 from fleet_config.errors import ConfigError
-from fleet_config.settings import parse_settings
+from fleet_config.settings import DEFAULT_LOAD_SYNC_INTERVAL_S, parse_settings
+from prefix_index.redis_defaults import DEFAULT_KEY_PREFIX, DEFAULT_KEY_TTL_S, DEFAULT_TIMEOUT_S
 
 CATALOG = default_catalog()
 BACKEND = {"id": "a", "url": "http://127.0.0.1:8001", "model": "llama-3.1-8b", "hardware": "h100-sxm"}
@@ -18,7 +19,9 @@ def parse(index: dict):
 
 def test_defaults() -> None:
     cfg = parse({}).index
-    assert (cfg.timeout_s, cfg.key_ttl_s) == (0.05, 86400)
+    # The Redis index's own defaults (prefix_index.redis_defaults), not restated by the config.
+    assert (cfg.key_prefix, cfg.timeout_s, cfg.key_ttl_s) == (DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT_S, DEFAULT_KEY_TTL_S)
+    assert cfg.load_sync_interval_s == DEFAULT_LOAD_SYNC_INTERVAL_S
     assert (cfg.breaker_failures, cfg.breaker_open_s, cfg.breaker_max_open_s) == (3, 1.0, 4.0)
 
 

@@ -1,7 +1,8 @@
 """Issue 14: the compiled hot path runs where it was built, the sources where asked or stale.
 
-Child processes import the router, the index and the pipeline as the gateway does and report
-which modules came from compiled extensions (`hot_path.compiled_modules`).
+Child processes select the build as the entry points do (`hot_path.select` first), import the
+router, the index and the pipeline as the gateway does and report which modules came from
+compiled extensions (`hot_path.compiled_modules`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 import hot_path
 
 REQUIRE_COMPILED_ENV = "KAPPA_REQUIRE_COMPILED"  # .ci/run sets it where it could build the extensions
-PROBE = ("import json, hot_path, router.decide, prefix_index.hashing, prefix_index.memory_index, dispatch; "
+PROBE = ("import json, hot_path; hot_path.select(); "
+         "import router.decide, prefix_index.hashing, prefix_index.memory_index, dispatch; "
          "import router.cost; print(json.dumps([hot_path.describe(), hot_path.compiled_modules(), router.cost.__file__]))")
 
 
