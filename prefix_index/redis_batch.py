@@ -2,8 +2,8 @@
 
 At concurrency, a gateway issues a ``match`` for every arriving request and a ``record``
 for every request whose prefill started. Sent one by one, each costs a redis-py command
-(packing, a socket write, a read, parsing: tens of µs of the gateway's CPU) and a Redis
-command dispatch. :class:`Coalescer` queues the calls of one event-loop turn and sends
+(packing, a socket write, a read, parsing, in the gateway's CPU) and a Redis command
+dispatch. :class:`Coalescer` queues the calls of one event-loop turn and sends
 them, per model, as one ``redis_lua.BATCH_LUA`` call at the end of the turn
 (``loop.call_soon``: no added wait) — records first, then matches, so a match sees every
 record sent with or before it.
@@ -17,8 +17,12 @@ nobody waits for. A match therefore sees every record that completed before it w
 issued, and maybe later ones.
 
 A batch can also carry a `Rider` (`Coalescer.carry`): the gateway replicas' load exchange
-(`gateway.replicas.peer_load`) then goes at the end of the turn's first batch, in the same EVALSHA, instead
-of as a command of its own (single Redis only).
+(`gateway.replicas.peer_load`) then goes at the end of the turn's first batch, in the same
+EVALSHA, instead of as a command of its own (single Redis only).
+
+A batch that fails (`redis_errors.map_redis_errors`) fails each of its calls with its own
+``IndexUnavailable``; one aborted (cancelled at shutdown) fails them too, so no caller waits
+forever.
 
 It is the DataLoader pattern (batch the loads issued in one tick); it plays the role of
 the pipelining LiteLLM's users asked for when per-request Redis round trips dominated

@@ -28,9 +28,10 @@ package and Celery's docs use; ``redis+cluster://`` is this project's, in the sa
 
 Every client's connections pack commands with hiredis, as redis-py's synchronous connections
 already do when hiredis is installed (``redis.connection.HiredisRespSerializer``); its asyncio
-connections pack them in Python (redis-py issue #4176, open; PR #4191): ~30 µs of a gateway
-worker's CPU for an index batch of 38 arguments, ~6 µs with hiredis. The bytes sent are the
-same (tests/unit/prefix_index/test_redis_connect.py). Without hiredis nothing changes.
+connections pack them in Python (redis-py issue #4176, open; PR #4191), several times slower
+(BENCHMARKS.md). The bytes sent are the same (tests/unit/prefix_index/test_redis_connect.py).
+Without hiredis nothing changes. `RedisClient` names the client type for code outside this
+package, which imports no redis.
 """
 
 from __future__ import annotations

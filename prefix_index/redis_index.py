@@ -1,8 +1,8 @@
 """Redis-backed prefix index, shared by several gateway replicas.
 
 This module owns :class:`RedisPrefixIndex`, the ``base.PrefixIndex`` semantics kept in
-Redis sorted sets (https://redis.io/docs/latest/develop/data-types/sorted-sets/), and it
-is the one place where ``redis.exceptions.*`` and timeouts become ``IndexUnavailable``.
+Redis sorted sets (https://redis.io/docs/latest/develop/data-types/sorted-sets/). Its calls
+raise only ``IndexUnavailable`` for Redis trouble (``redis_errors.map_redis_errors``).
 
 Keys (``P`` = key prefix, ``{M}`` = the model as a Redis Cluster hash tag, so all of one
 model's keys share a slot; ``%``, ``{`` and ``}`` in the model are %-escaped)::
