@@ -62,10 +62,9 @@ class Exchanges:
         return self._exchange is not None
 
     def want(self, *, urgent: bool) -> None:
-        """An exchange is due: now, as a command of its own, or — when carried — with the next
-        batch the index sends (`rider`), else alone: at the end of this loop turn for a decision's
-        read (``urgent``: its match's batch goes in this turn, if it has one), ``CARRY_WAIT_S``
-        later for a change only."""
+        """An exchange is due: now, alone; or, when carried, with the next batch (`rider`), else alone
+        at the end of this loop turn for a decision's read (``urgent``: its match's batch, if any,
+        goes in this turn), ``CARRY_WAIT_S`` later for a change only."""
         if not self.carried:
             self._begin()
         elif urgent:
@@ -88,9 +87,8 @@ class Exchanges:
             self._alone_timer = None
 
     def rider(self) -> Rider | None:
-        """What a batch of the index carries, when an exchange is due and none is in flight: the
-        changed figures to write and the others' hashes to read. None when nothing is due, or for
-        the periodic exchange, which goes alone."""
+        """What a batch of the index carries when an exchange is due and none is in flight (the changed
+        figures, the others' hashes to read); None when nothing is, or for the periodic exchange."""
         if self._exchange is not None or self.stopped or self._sync_due is not None or not self.view.others:
             return None
         fields = self.view.fields_due(sync=False)
