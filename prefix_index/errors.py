@@ -11,9 +11,11 @@ package as a whole or one failure precisely (shape of ``httpx/_exceptions.py``):
          └── NestingTooDeep        a well-formed body nested beyond what the encoder
                                    can walk: the canonicaliser's limit, not the body's fault
 
-Foreign exceptions are translated once, at the seam: ``redis.exceptions.*`` and
-timeouts become :class:`IndexUnavailable` in ``redis_index.py`` only, raised
-``from`` the original so the cause stays in the traceback.
+Foreign exceptions are translated once, at the seam: ``redis.exceptions.*``, socket
+``OSError`` and timeouts become :class:`IndexUnavailable` in ``redis_errors.py`` only
+(``map_redis_errors``, around every Redis call of ``redis_index``, ``redis_batch`` and the
+gateway replicas' load exchange), raised ``from`` the original so the cause stays in the
+traceback. ``tests/test_redis_seam.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ class PrefixIndexError(Exception):
 class IndexUnavailable(PrefixIndexError):
     """The index's backing store could not answer within its time budget.
 
-    Raised by :class:`prefix_index.redis_index.RedisPrefixIndex` for a refused or
-    dropped connection, a timeout, or any other Redis error. Callers on the request
-    path degrade on purpose: treat it as "no prefix match" and count it.
+    Raised by :class:`prefix_index.redis_index.RedisPrefixIndex` (and the gateway replicas'
+    load exchange) for a refused or dropped connection, a timeout, or any other Redis error
+    (`redis_errors.map_redis_errors`). Callers on the request path degrade on purpose:
+    treat it as "no prefix match" and count it.
     """
 
 

@@ -2,8 +2,8 @@
 
 At concurrency, a gateway issues a ``match`` for every arriving request and a ``record``
 for every request whose prefill started. Sent one by one, each costs a redis-py command
-(packing, a socket write, a read, parsing: tens of µs of the gateway's CPU) and a Redis
-command dispatch. :class:`Coalescer` queues the calls of one event-loop turn and sends
+(packing, a socket write, a read, parsing, in the gateway's CPU) and a Redis command
+dispatch. :class:`Coalescer` queues the calls of one event-loop turn and sends
 them, per model, as one ``redis_lua.BATCH_LUA`` call at the end of the turn
 (``loop.call_soon``: no added wait) — records first, then matches, so a match sees every
 record sent with or before it.
@@ -17,8 +17,12 @@ nobody waits for. A match therefore sees every record that completed before it w
 issued, and maybe later ones.
 
 A batch can also carry a `Rider` (`Coalescer.carry`): the gateway replicas' load exchange
-(`gateway.replicas.peer_load`) then goes at the end of the turn's first batch, in the same EVALSHA, instead
-of as a command of its own (single Redis only).
+(`gateway.replicas.peer_load`) then goes at the end of the turn's first batch, in the same
+EVALSHA, instead of as a command of its own (single Redis only).
+
+A batch that fails (`redis_errors.map_redis_errors`) fails each of its calls with its own
+``IndexUnavailable``; one aborted (cancelled at shutdown) fails them too, so no caller waits
+forever.
 
 It is the DataLoader pattern (batch the loads issued in one tick); it plays the role of
 the pipelining LiteLLM's users asked for when per-request Redis round trips dominated
@@ -34,11 +38,11 @@ from typing import Any
 
 from redis.asyncio.client import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from prefix_index.base import BlockMatch, TierCapacity
 from prefix_index.deadline import Deadline
 from prefix_index.errors import IndexUnavailable
+from prefix_index.redis_errors import map_redis_errors
 from prefix_index.redis_lua import BATCH_LUA, match_spec_struct
 from prefix_index.redis_registry import Registry
 
@@ -216,6 +220,38 @@ class Coalescer:
         rider = batch.rider
         if not records and not matches and rider is None:
             return
+        keys, args = self._script_call(clock_key, records, matches, rider)
+        self.batches_sent += 1
+        self.calls_sent += len(records) + len(matches)
+        calls: list[_Record | _Match | Rider] = [*records, *matches]
+        if rider is not None:
+            calls.append(rider)
+        ops = "+".join(op for op, queued in (("record", records), ("match", matches), ("rider", rider)) if queued)
+        try:
+            with map_redis_errors(ops, self._timeout_s):
+                async with Deadline(self._timeout_s):
+                    flat = await self._script(keys=keys, args=args)
+                    due = [r.registration for r, existed in zip(records, flat)
+                           if self._registry.due(r.registration, not existed)]
+                    if due:
+                        await self._registry.add(due)
+        except IndexUnavailable as exc:
+            for call in calls:
+                if not call.future.done():
+                    error = IndexUnavailable(str(exc))  # one instance per caller: each raises its own
+                    error.__cause__ = exc.__cause__
+                    call.future.set_exception(error)
+            return
+        except BaseException as exc:  # cancelled at shutdown, or a bug: no caller waits forever
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(IndexUnavailable(f"redis batch aborted: {exc!r}"))
+            raise
+        _settle(records, matches, rider, flat)
+
+    def _script_call(self, clock_key: str, records: list[_Record], matches: list[_Match],
+                     rider: Rider | None) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of ``redis_lua.BATCH_LUA`` for these calls (its header states the layout)."""
         key_ids: dict[str, int] = {}  # blocks key -> KEYS index (KEYS[1] is the clock)
 
         def key_id(key: str) -> int:
@@ -238,41 +274,21 @@ class Coalescer:
             args[3:5] = (len(keys) + 1, rider.lease_ms)
             keys += (rider.own_key, *rider.read_keys)
             args += rider.fields
-        self.batches_sent += 1
-        self.calls_sent += len(records) + len(matches)
-        calls: list[_Record | _Match | Rider] = [*records, *matches]
-        if rider is not None:
-            calls.append(rider)
-        try:
-            async with Deadline(self._timeout_s):
-                flat = await self._script(keys=keys, args=args)
-                due = [r.registration for r, existed in zip(records, flat) if self._registry.due(r.registration, not existed)]
-                if due:
-                    await self._registry.add(due)
-        except (TimeoutError, RedisError) as exc:
-            what = f"took longer than {self._timeout_s} s" if isinstance(exc, TimeoutError) else \
-                f"failed: {type(exc).__name__}: {exc}"
-            ops = "+".join(op for op, queued in (("record", records), ("match", matches), ("rider", rider)) if queued)
-            for call in calls:
-                if not call.future.done():
-                    error = IndexUnavailable(f"redis {ops} {what}")
-                    error.__cause__ = exc
-                    call.future.set_exception(error)
-            return
-        except BaseException as exc:  # cancelled at shutdown, or a bug: no caller waits forever
-            for call in calls:
-                if not call.future.done():
-                    call.future.set_exception(IndexUnavailable(f"redis batch aborted: {exc!r}"))
-            raise
-        for r in records:
-            if not r.future.done():
-                r.future.set_result(None)
-        at = len(records)
-        for m in matches:  # per backend: matched, hbm
-            end = at + 2 * len(m.blocks_keys)
-            if not m.future.done():
-                m.future.set_result({b: BlockMatch(matched, hbm, matched - hbm) for b, matched, hbm
-                                     in zip(m.blocks_keys, flat[at:end:2], flat[at + 1:end:2])})
-            at = end
-        if rider is not None and not rider.future.done():
-            rider.future.set_result(flat[at])
+        return keys, args
+
+
+def _settle(records: list[_Record], matches: list[_Match], rider: Rider | None, flat: list) -> None:
+    """Resolve each call's future from the script's flat reply: one ``existed`` per record, then
+    (matched, hbm) per backend of each match, then the rider's HGETALL replies."""
+    for r in records:
+        if not r.future.done():
+            r.future.set_result(None)
+    at = len(records)
+    for m in matches:  # per backend: matched, hbm
+        end = at + 2 * len(m.blocks_keys)
+        if not m.future.done():
+            m.future.set_result({b: BlockMatch(matched, hbm, matched - hbm) for b, matched, hbm
+                                 in zip(m.blocks_keys, flat[at:end:2], flat[at + 1:end:2])})
+        at = end
+    if rider is not None and not rider.future.done():
+        rider.future.set_result(flat[at])

@@ -28,15 +28,16 @@ package and Celery's docs use; ``redis+cluster://`` is this project's, in the sa
 
 Every client's connections pack commands with hiredis, as redis-py's synchronous connections
 already do when hiredis is installed (``redis.connection.HiredisRespSerializer``); its asyncio
-connections pack them in Python (redis-py issue #4176, open; PR #4191): ~30 µs of a gateway
-worker's CPU for an index batch of 38 arguments, ~6 µs with hiredis. The bytes sent are the
-same (tests/unit/prefix_index/test_redis_connect.py). Without hiredis nothing changes.
+connections pack them in Python (redis-py issue #4176, open; PR #4191), several times slower
+(BENCHMARKS.md). The bytes sent are the same (tests/unit/prefix_index/test_redis_connect.py).
+Without hiredis nothing changes. `RedisClient` names the client type for code outside this
+package, which imports no redis.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeAlias, TypeVar, cast
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import redis.asyncio as redis
@@ -51,9 +52,11 @@ try:
 except ImportError:  # a redis-py without it: its Python packer stays
     _SERIALIZER = None
 
-__all__ = ["RedisConnection", "RedisMode", "RedisTarget", "connect", "parse_redis_url", "redact_url"]
+__all__ = ["RedisClient", "RedisConnection", "RedisMode", "RedisTarget", "connect", "parse_redis_url", "redact_url"]
 
 RedisMode = Literal["standalone", "cluster", "sentinel"]
+# The client `connect` returns, for the code outside this package that holds one (it imports no redis).
+RedisClient: TypeAlias = redis.Redis | RedisCluster
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -124,7 +127,7 @@ def parse_redis_url(url: str) -> RedisTarget:
 class RedisConnection:
     """A client and what else it opened (the Sentinels' clients); close it with :meth:`aclose`."""
 
-    client: redis.Redis | RedisCluster
+    client: RedisClient
     mode: RedisMode
     sentinel: Sentinel | None = None
 

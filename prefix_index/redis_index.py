@@ -1,8 +1,8 @@
 """Redis-backed prefix index, shared by several gateway replicas.
 
 This module owns :class:`RedisPrefixIndex`, the ``base.PrefixIndex`` semantics kept in
-Redis sorted sets (https://redis.io/docs/latest/develop/data-types/sorted-sets/), and it
-is the one place where ``redis.exceptions.*`` and timeouts become ``IndexUnavailable``.
+Redis sorted sets (https://redis.io/docs/latest/develop/data-types/sorted-sets/). Its calls
+raise only ``IndexUnavailable`` for Redis trouble (``redis_errors.map_redis_errors``).
 
 Keys (``P`` = key prefix, ``{M}`` = the model as a Redis Cluster hash tag, so all of one
 model's keys share a slot; ``%``, ``{`` and ``}`` in the model are %-escaped)::
@@ -59,11 +59,9 @@ import redis.asyncio as redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from prefix_index.base import NO_MATCH, BlockMatch, IndexStats, TierCapacity, check_hashes
 from prefix_index.deadline import Deadline
-from prefix_index.errors import IndexUnavailable
 from prefix_index.redis_batch import Coalescer, Rider
 from prefix_index.redis_connect import connect
 from prefix_index.redis_defaults import (  # defined there, redis-free, for the config to import too
@@ -72,6 +70,7 @@ from prefix_index.redis_defaults import (  # defined there, redis-free, for the 
     DEFAULT_KEY_TTL_S,
     DEFAULT_TIMEOUT_S,
 )
+from prefix_index.redis_errors import map_redis_errors
 from prefix_index.redis_registry import Registry
 
 __all__ = [
@@ -332,21 +331,16 @@ class RedisPrefixIndex:
     async def _await(self, what: str, future: asyncio.Future) -> Any:
         """A queued call's result, under the call's own deadline too (the batch has one)."""
         budget_s = self._timeout_s * CALL_DEADLINE_RATIO
-        try:
+        with map_redis_errors(what, budget_s, late=f"waited longer than {budget_s:g} s"):
             async with Deadline(budget_s):
                 return await future
-        except TimeoutError as exc:
-            raise IndexUnavailable(f"redis {what} waited longer than {budget_s:g} s") from exc
 
     async def _bounded(self, what: str, timeout_s: float, op: Callable[[], Awaitable[_T]]) -> _T:
-        """Run ``op`` under a deadline; translate timeouts and Redis errors, once."""
-        try:
+        """Run ``op`` under a deadline; its timeout and Redis errors become ``IndexUnavailable``
+        (`redis_errors.map_redis_errors`)."""
+        with map_redis_errors(what, timeout_s):
             async with Deadline(timeout_s):
                 return await op()
-        except TimeoutError as exc:
-            raise IndexUnavailable(f"redis {what} took longer than {timeout_s} s") from exc
-        except RedisError as exc:
-            raise IndexUnavailable(f"redis {what} failed: {type(exc).__name__}: {exc}") from exc
 
     def _blocks_key(self, model: str, backend_id: str) -> str:
         return f"{self._prefix}:{{{_tag(model)}}}:blocks:{backend_id}"

@@ -15,10 +15,10 @@ refreshed with every blocks key of its model, so it never expires before one of 
 (a clock that restarted under live blocks would make new records look older than old ones).
 
 What a call costs redis-server is what this script is shaped by (``bench/index_redis_cpu.py``,
-BENCHMARKS.md "Redis CPU per request"): a ``redis.call`` with a few arguments costs
-~0.5 µs; a ZADD of a 127-block chain ~40 µs in the command itself plus ~65 µs to build
-and hand over its 254 arguments from Lua (the ZADD alone, sent by a client, ~30 µs: the
-floor of a record that must re-score its chain). Hence:
+BENCHMARKS.md "Redis CPU per request"): a ``redis.call`` with a few arguments is cheap; a
+ZADD of a long chain costs most in the command itself and in building and handing over its
+arguments from Lua (the ZADD alone, sent by a client, is the floor of a record that must
+re-score its chain). Hence:
 
 - **A chain already on top is not re-scored.** If the chain's last block has recency
   rank ``n - 1``, the chain holds ranks ``0 .. n-1`` in depth order: a held block's
@@ -32,8 +32,8 @@ floor of a record that must re-score its chain). Hence:
   else was recorded there, or of a prefix of the last chain recorded there.)
 - **Scores go to ZADD as strings** built from a decimal head and a last digit
   (``head .. DIGITS[unit + 1]``): Redis formats a Lua number argument with
-  ``snprintf("%.17g")`` (~0.2 µs), Lua's own ``string.format`` costs as much, a
-  concatenation less. The scores are the same integers, parsed back exactly.
+  ``snprintf("%.17g")``, Lua's own ``string.format`` costs as much, a concatenation
+  less. The scores are the same integers, parsed back exactly.
 - **A match probes block 1 first, then the whole range, then bisects**, and skips the
   HBM search when the matched prefix's last block is already within HBM (always, for a
   backend without a host tier). ``base.match_chain`` probes the whole range first; both

@@ -41,7 +41,7 @@ EDGE_MAY_NOT_IMPORT = ("gateway.commands",)
 SUB_ROOMS = {"gateway": ["gateway/commands", "gateway/__main__.py"]}  # the command room (and `python -m gateway`, its entry)
 # Only the Redis implementation's modules of prefix_index may import redis.
 REDIS_ALLOWED = {"prefix_index/redis_index.py", "prefix_index/redis_batch.py", "prefix_index/redis_registry.py",
-                 "prefix_index/redis_connect.py"}
+                 "prefix_index/redis_connect.py", "prefix_index/redis_errors.py"}
 # Rooms that read no clock: time comes in as an argument (an injected clock at most).
 NO_CLOCK = ("router", "dispatch")
 

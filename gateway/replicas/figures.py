@@ -8,12 +8,8 @@ is reported so that the reader drops it.
 
 An exchange is one Redis command whatever it carries (``EXCHANGE_LUA``, by EVALSHA: HSET of
 the changed fields + PEXPIRE, then HGETALL of each other member; the periodic one adds SADD +
-SMEMBERS), because the client's CPU per command, not Redis's, is what the exchange costs: a
-redis-py call took ~110–170 µs of a worker's CPU on the 2-core bench machine, and before this
-design (a pipeline for each loop turn with a change, another for each read) the exchange was
-~9.5% of a ``serve --workers 2`` worker's CPU (py-spy; ~0.55 Redis calls per request at
-c = 32, 8k tokens, ``bench/overhead.py``'s ``redis-w2``), now ~4.5% (~0.22 calls per request,
-the periodic ones included). The lease needs the PEXPIRE with
+SMEMBERS), because the client's CPU per command, not Redis's, is what the exchange costs
+(``bench/overhead.py``'s ``redis-w2``, BENCHMARKS.md). The lease needs the PEXPIRE with
 every write: a bare HSET on an expired hash would leave a key without TTL that outlives its
 replica. A write of a few fields on a hash that expired while its replica lived (no write
 for a whole lease) holds only those fields until the next periodic write (≤ ``sync_interval_s``).
