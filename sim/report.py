@@ -3,7 +3,7 @@
 Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
 
 - TTFT = first token − arrival; E2E = finish − arrival; percentiles with linear
-  interpolation (as `gateway.commands.replay_report.percentile`), over finished requests.
+  interpolation (`percentile`), over finished requests.
 - throughput_rps = finished requests / makespan, makespan = last finish − first arrival.
 - goodput_rps = finished requests with TTFT ≤ ``ttft_slo_s`` / makespan.
 - energy_per_request_j = the whole fleet's joules over the makespan (idle included) /
@@ -19,7 +19,8 @@ Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
   x-kappa-regime); high-κ = κ_ratio above one fleet-wide threshold, the lowest
   κ_crit_linear of the compute-dense backends (`sim.fleet.high_kappa_threshold`);
   large-T = new prompt tokens (prompt − cached, engine-reported) at or above their p90 over
-  the run. ``*_share`` is the backend's part of all such requests (summing to 1 over backends).
+  the run. ``*_share`` is that part of the backend's own requests (as the demo reports);
+  ``*_of_all`` is the backend's part of all such requests of the run (summing to 1 over backends).
 """
 
 from __future__ import annotations

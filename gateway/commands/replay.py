@@ -1,6 +1,6 @@
 """Replay a request trace against any OpenAI-compatible URL, open-loop, and measure it.
 
-``kappa-gateway replay`` (issue 4, item 8). Each `sim.traces.TraceRequest` is sent as a
+``kappa-gateway replay``. Each `sim.traces.TraceRequest` is sent as a
 streamed chat completion (`sim.traces.chat_body`) at ``arrival_s / speedup`` seconds after
 the start, whatever the server's state (open loop), with at most ``concurrency`` requests in
 flight: later arrivals wait for a free slot (**client-side queueing**, reported per request
