@@ -43,7 +43,7 @@ hot_path.select()  # this script is an entry point: compiled or source, before t
 from fleet_config.catalog import default_catalog  # noqa: E402
 from fleet_config.settings import parse_settings  # noqa: E402
 from gateway.commands.processes import free_port  # noqa: E402
-from overhead import Processes, _json_line, wait_ready  # noqa: E402
+from overhead_servers import Processes, json_line, wait_ready  # noqa: E402
 from prefix_index import KV_POOL_ID, MemoryPrefixIndex, TierCapacity  # noqa: E402
 
 MODEL = "llama-3.1-8b"
@@ -127,7 +127,7 @@ def rss_run(trees: dict[str, str | None]) -> list[dict[str, Any]]:
             try:
                 stub = procs.start("stub", [sys.executable, str(BENCH_DIR / "upstream_stub.py"), "--listeners", "1"],
                                    stdout_pipe=True)
-                stub_port = _json_line(stub)["ports"][0]
+                stub_port = json_line(stub)["ports"][0]
                 port = free_port()
                 config = workdir / f"{name}.yaml"
                 config.write_text(json.dumps(gateway_config(stub_port, port)))

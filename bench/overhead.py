@@ -1,4 +1,4 @@
-"""What the gateway adds over calling the backend directly and over a bare reverse proxy (issue 6).
+"""What the gateway adds over calling the backend directly and over a bare reverse proxy.
 
 One run, all on 127.0.0.1, side by side, every server its own process:
 
@@ -12,20 +12,20 @@ One run, all on 127.0.0.1, side by side, every server its own process:
   tree, to measure a candidate change against ``redis`` side by side;
 - ``redis-pure``, ``memory-pure`` (only when named in ``--targets``): those gateways with
   ``KAPPA_PURE_PYTHON=1``, the hot path run from its Python sources instead of its compiled
-  build (`hot_path`; issue 14), to measure what compiling bought side by side;
+  build (`hot_path`), to measure what compiling bought side by side;
 - ``bare-w2``, ``redis-w2`` (only when named in ``--targets``): the bare proxy with 2 worker
-  processes, and ``kappa-gateway serve --workers 2`` on the Redis index (issue 15);
+  processes, and ``kappa-gateway serve --workers 2`` on the Redis index;
 - ``relay`` (only when named in ``--targets``): `bench/relay_only.py`, the memory-index
   gateway with its routing work memoised per distinct body — the relay and observability
   alone, the ceiling any routing code can reach on this stack;
-- ``sglang-cache``, ``sglang-rr``, ``vllm-router``: the peers (issue 14), sglang-router with
+- ``sglang-cache``, ``sglang-rr``, ``vllm-router``: the peers, sglang-router with
   its ``cache_aware`` and ``round_robin`` policies and vllm-router with ``cache_aware``, in
   front of the same 8 stub ports, each from PyPI in its own cached venv
   (`bench/peer_routers.py`); a peer whose package cannot be installed is skipped with one
   line on stderr.
 
 Load comes from `bench/loadgen.py` in its own process (or, with ``--loadgen wrk``, from
-``wrk``: `bench/loadgen_wrk.py`, the same load for ~0.65× the load generator's CPU): closed loop at concurrency 1 and
+``wrk``: `bench/loadgen_wrk.py`, the same load for less of the load generator's CPU): closed loop at concurrency 1 and
 32, chat bodies of 1k, 8k and 128k tokens (~4 bytes/token of text), 16 distinct prompts
 per size in 4 groups that share a system prompt of half the length, cycled, so the index
 matches and records real chains. Cells run target after target, in rotated order per
@@ -45,14 +45,15 @@ processes (2 for ``-w2``, else 1; none for the peers, whose threads we do not co
 targets' own timers (health checks, scrapes, the peers' periodic exchange) are not counted.
 The routing decision
 time is the p50 of the gateway's own ``gateway_routing_decision_seconds`` histogram
-(interpolated in its buckets). Tables and the budget verdict: `bench/overhead_report.py`.
+(interpolated in its buckets). Tables and the budget verdict: `bench/overhead_report.py`; the
+servers and their start-up: `bench/overhead_servers.py`.
 
     python bench/overhead.py [--quick] [--json] [--rounds N] [--cell-s S] [--sizes 8k,128k]
                              [--targets direct,bare,memory,redis,sglang-cache,sglang-rr,vllm-router]
                              [--compare NAME=DIR ...] [--loadgen python|wrk]
 
-Full run: 3 rounds of 3 s per cell, JSON and SSE bodies at every size (~10 min).
-``--quick``: 2 rounds of 1.5 s, SSE bodies only at 8k (~2 min). ``--json`` prints the
+Full run: 3 rounds of 3 s per cell, JSON and SSE bodies at every size.
+``--quick``: 2 rounds of 1.5 s, SSE bodies only at 8k. ``--json`` prints the
 results as JSON on stdout (the table goes to stderr). A ``--compare`` tree is started with
 ``python -m gateway`` from that directory, so its code is the one imported.
 """
@@ -66,19 +67,19 @@ import os
 import random
 import resource
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from overhead_report import (
+import hot_path
+
+hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
+
+from overhead_report import (  # noqa: E402
     HEADERS,
     bucket_p50_ms,
     cpu_arithmetic,
@@ -91,22 +92,12 @@ from overhead_report import (
     summary,
 )
 import loadgen_wrk
-from peer_routers import PEER_ROUTERS, READINESS_PATH, install_peers, is_ready, venvs_root
+from overhead_servers import BENCH_DIR, MODEL, http_get, servers
+from peer_routers import PEER_ROUTERS, install_peers, venvs_root
 from prometheus_client.parser import text_string_to_metric_families
 
-import hot_path
-
-hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
-
-from gateway.commands.fleet import READY_TIMEOUT_S
-from gateway.commands.processes import free_port, stop_processes
-
-from fleet_config.catalog import default_catalog
 from prefix_index import BYTES_PER_TOKEN_ESTIMATE
-from fleet_config.settings import parse_settings
 
-BENCH_DIR = Path(__file__).resolve().parent
-MODEL, HARDWARE, N_BACKENDS = "llama-3.1-8b", "h100-sxm", 8
 SIZES_TOKENS = {"1k": 1_024, "8k": 8_192, "128k": 131_072}
 PROMPTS_PER_SIZE, PROMPT_GROUPS, SHARED_PREFIX_RATIO = 16, 4, 0.5
 MAX_TOKENS = 16
@@ -137,144 +128,6 @@ def make_bodies(size: str, stream: bool) -> list[bytes]:
             body["stream_options"] = {"include_usage": True}
         bodies.append(json.dumps(body, separators=(",", ":")).encode())
     return bodies
-
-
-class Processes:
-    """Every process the bench starts; `stop` ends them by pid, in reverse."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir, self.procs = logdir, []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
-              stdout_pipe: bool = False, cwd: Path = BENCH_DIR.parent) -> subprocess.Popen:
-        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 -- open while the process runs
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if stdout_pipe else log, stderr=log,
-                                env={**os.environ, **(env or {})}, cwd=cwd)
-        self.procs.append((name, proc, log))
-        return proc
-
-    def stop(self) -> None:
-        stop_processes(proc for _, proc, _ in reversed(self.procs))
-        for _, proc, log in reversed(self.procs):
-            if proc.stdout is not None:
-                proc.stdout.close()
-            log.close()
-
-    def log_tail(self, name: str) -> str:
-        return (self.logdir / f"{name}.log").read_text(errors="replace")[-2000:]
-
-
-def _json_line(proc: subprocess.Popen) -> dict:
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"process {proc.pid} exited before reporting its port")
-    return json.loads(line)
-
-
-def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def _answers_ready(path: str, status: int, body: bytes) -> bool:
-    if path == "/ready":  # the gateway's: every backend healthy
-        return status == 200 and json.loads(body)["healthy_backends"] == N_BACKENDS
-    if path == READINESS_PATH:  # a peer router's: every worker registered and healthy
-        return is_ready(status, body, N_BACKENDS)
-    return status == 200
-
-
-def wait_ready(port: int, path: str, procs: Processes, name: str) -> None:
-    """Poll until ``path`` answers 200 (for the gateway, /ready with all 8 backends healthy;
-    for a peer router, /readiness with all 8 workers healthy)."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            status, body = http_get(port, path)
-            if _answers_ready(path, status, body):
-                return
-        time.sleep(0.05)  # polling a readiness endpoint, not sleeping in place of it
-    raise TimeoutError(f"{name} not ready on port {port} within {READY_TIMEOUT_S}s:\n{procs.log_tail(name)}")
-
-
-def gateway_config(stub_ports: list[int], port: int, redis_url: str | None, key_prefix: str) -> dict:
-    index: dict[str, Any] = {"backend": "memory"}
-    if redis_url:
-        index.update(backend="redis", redis_url=redis_url, key_prefix=key_prefix)
-    doc = {"gateway": {"host": "127.0.0.1", "port": port, "health_interval_s": 2.0, "scrape_interval_s": 1.0,
-                       "shutdown_drain_delay_s": 0.0},
-           "index": index, "routing": {"policy": "kappa", "seed": 0},
-           "backends": [{"id": f"b{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL, "hardware": HARDWARE}
-                        for i, p in enumerate(stub_ports)]}
-    parse_settings(doc, default_catalog(), env={})  # fail here, with the path, on a bad config
-    return doc
-
-
-@contextlib.contextmanager
-def servers(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[dict[str, tuple[int, int]], dict[str, int]]]:
-    """Start the stub, the bare proxy, Redis, the gateways and the installed peer routers
-    (``args.peer_pythons``: target -> venv interpreter); yield target name -> (port, pid), and
-    the pids of the processes every target uses (``redis-server``, ``stub``)."""
-    procs = Processes(workdir)
-    py = sys.executable
-    try:
-        stub = procs.start("stub", [py, str(BENCH_DIR / "upstream_stub.py"), "--listeners", str(N_BACKENDS)],
-                           stdout_pipe=True)
-        stub_ports = _json_line(stub)["ports"]
-        bare = procs.start("bare", [py, str(BENCH_DIR / "bare_proxy.py"), "--upstream",
-                                    f"http://127.0.0.1:{stub_ports[0]}"], stdout_pipe=True)
-        targets = {"direct": stub_ports[0], "bare": _json_line(bare)["port"]}
-        pids = {"direct": stub.pid, "bare": bare.pid}
-        if "bare-w2" in args.targets:
-            bare2 = procs.start("bare-w2", [py, str(BENCH_DIR / "bare_proxy.py"), "--workers", "2", "--upstream",
-                                            f"http://127.0.0.1:{stub_ports[0]}"], stdout_pipe=True)
-            targets["bare-w2"], pids["bare-w2"] = _json_line(bare2)["port"], bare2.pid
-        redis_port = free_port()
-        redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
-                                      "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)])
-        redis_url = f"redis://127.0.0.1:{redis_port}/0"
-        gateways = [("memory", None, None), ("redis", redis_url, None)]
-        gateways += [("relay", None, None)] if "relay" in args.targets else []
-        gateways += [("redis-w2", redis_url, None)] if "redis-w2" in args.targets else []
-        gateways += [("redis-pure", redis_url, None)] if "redis-pure" in args.targets else []
-        gateways += [("memory-pure", None, None)] if "memory-pure" in args.targets else []
-        gateways += [(f"redis@{name}", redis_url, tree) for name, tree in args.compare]
-        for name, url, tree in gateways:
-            port = free_port()
-            config = workdir / f"{name}.yaml"
-            config.write_text(json.dumps(gateway_config(stub_ports, port, url, "bench-" + name.replace("@", "-"))))
-            # `python -m` puts its working directory first on sys.path: the tree under test wins.
-            env = {"PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])),
-                   # -pure: the hot path from its Python sources (hot_path), the others as built
-                   hot_path.PURE_PYTHON_ENV: "1" if name.endswith("-pure") else ""}
-            entry = [str(BENCH_DIR / "relay_only.py")] if name == "relay" else ["-m", "gateway"]
-            workers = ["--workers", "2"] if name.endswith("-w2") else []
-            gateway = procs.start(name, [py, *entry, "serve", "--config", str(config), "--log-level",
-                                         "warning", *workers], env, cwd=Path(tree) if tree else BENCH_DIR.parent)
-            pids[name] = gateway.pid
-            targets[name] = port
-        worker_urls = [f"http://127.0.0.1:{p}" for p in stub_ports]
-        for name, python in args.peer_pythons.items():
-            port = free_port()
-            cmd = PEER_ROUTERS[name].command(python, worker_urls, port, metrics_port=free_port())
-            args.peer_commands[name] = shlex.join(cmd)
-            peer = procs.start(name, cmd)
-            targets[name], pids[name] = port, peer.pid
-        wait_ready(stub_ports[-1], "/health", procs, "stub")
-        wait_ready(targets["bare"], "/health", procs, "bare")
-        if "bare-w2" in targets:
-            wait_ready(targets["bare-w2"], "/health", procs, "bare-w2")
-        for name, *_ in gateways:
-            wait_ready(targets[name], "/ready", procs, name)
-        for name in args.peer_pythons:
-            wait_ready(targets[name], READINESS_PATH, procs, name)
-        yield ({t: (p, pids[t]) for t, p in targets.items() if t in args.targets or "@" in t},
-               {"redis-server": redis.pid, "stub": stub.pid})
-    finally:
-        procs.stop()
 
 
 def is_gateway(target: str) -> bool:

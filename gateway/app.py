@@ -45,7 +45,6 @@ from gateway.proxy.handler import serve_proxy
 from gateway.routes import admin, openai
 from fleet_config.settings import Settings
 from gateway.telemetry.metrics import MULTIPROC_DIR_ENV, Telemetry
-from router.errors import NoEligibleBackend
 from router.profiles import Catalog
 
 log = logging.getLogger("kappa_gateway.app")
@@ -88,17 +87,13 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
 
     app = GatewayApp(title="kappa-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.router.routes.extend(openai.proxy_routes)
-    app.include_router(openai.router)
-    app.include_router(admin.router)
-    app.include_router(admin.kappa_router)
+    app.include_router(openai.routes)
+    app.include_router(admin.routes)
+    app.include_router(admin.kappa_routes)
     app.add_middleware(CatchAll, answer=error_response)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
-        return error_response(exc)
-
-    @app.exception_handler(NoEligibleBackend)
-    async def no_backend(request: Request, exc: NoEligibleBackend) -> Response:
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)

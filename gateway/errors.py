@@ -88,6 +88,8 @@ class UnsupportedMediaType(GatewayError):
 
 
 class NoHealthyBackend(GatewayError):
+    """No healthy backend serves the request's model (`gateway.proxy.routing.RoutingService.plan`)."""
+
     status = 503
     error_type = "service_unavailable_error"
 

@@ -137,18 +137,31 @@ class RoutingService:
 
     # -- parsing -------------------------------------------------------------------------
     def parse(self, kind: Kind, raw: bytes) -> ParsedRequest:
-        """Validate a body enough to route it.
+        """Validate a body enough to route it: `load_body`, then `parse_loaded`.
+
+        Raises:
+            BadRequest: not JSON; as `parse_loaded`.
+            ModelNotFound: as `parse_loaded`.
+        """
+        return self.parse_loaded(kind, load_body(raw), len(raw))
+
+    def parse_loaded(self, kind: Kind, body: Any, raw_bytes: int) -> ParsedRequest:
+        """Validate a body already loaded by `load_body` enough to route it.
+
+        Args:
+            kind: the route's kind.
+            body: the body's JSON value.
+            raw_bytes: the raw body's size in bytes (the prompt size of a load-only request).
 
         Returns:
             The parsed request; for a body too deeply nested to canonicalise, one with no
             hashes and ``load_only_reason`` set (module docstring).
 
         Raises:
-            BadRequest: not JSON, not an object, missing/ill-typed model, messages or prompt,
-                stream, max_tokens, n, best_of or cache_salt of the wrong type.
+            BadRequest: not an object, missing/ill-typed model, messages or prompt, stream,
+                max_tokens, n, best_of or cache_salt of the wrong type.
             ModelNotFound: no backend serves the model.
         """
-        body = load_body(raw)
         if not isinstance(body, dict):
             raise BadRequest("The request body must be a JSON object.")
         model = body.get("model")
@@ -173,7 +186,7 @@ class RoutingService:
         try:
             data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
         except NestingTooDeep as exc:  # well-formed, beyond the canonicaliser: relayed on load alone
-            return ParsedRequest(model=model, hashes=[], prompt_bytes=len(raw), max_tokens=max_tokens, kind=kind,
+            return ParsedRequest(model=model, hashes=[], prompt_bytes=raw_bytes, max_tokens=max_tokens, kind=kind,
                                  stream=bool(stream), sequences=sequences, load_only_reason=exc.reason)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
@@ -201,7 +214,9 @@ class RoutingService:
         ``gateway_load_only_requests_total`` unless ``dry_run``.
 
         Raises:
-            NoHealthyBackend: no healthy backend serves the model.
+            NoHealthyBackend: no healthy backend serves the model (the gateway's one 503 for
+                it: checked here, so the router's `NoEligibleBackend` for no targets never
+                reaches the edge).
         """
         targets = self.backends.eligible(parsed.model)
         if not targets:

@@ -214,19 +214,7 @@ class MemoryPrefixIndex:
     async def match(
         self, model: str, hashes: Sequence[int], capacities: Mapping[str, TierCapacity]
     ) -> dict[str, BlockMatch]:
-        """Return each candidate backend's cached prefix of a chain.
-
-        Args:
-            model: served model name.
-            hashes: the chain, ints in [0, 2**64).
-            capacities: candidate backend id -> tier capacity, in blocks.
-
-        Returns:
-            One ``BlockMatch`` per backend id in ``capacities``, in its order.
-
-        Raises:
-            ValueError: a hash outside [0, 2**64).
-        """
+        """`PrefixIndex.match` (`prefix_index.base`), from memory: never IndexUnavailable."""
         check_hashes(hashes)
         backends = self._models.get(model, {})
         out: dict[str, BlockMatch] = {}

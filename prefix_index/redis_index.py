@@ -201,20 +201,9 @@ class RedisPrefixIndex:
     async def match(
         self, model: str, hashes: Sequence[int], capacities: Mapping[str, TierCapacity]
     ) -> dict[str, BlockMatch]:
-        """Return each candidate backend's cached prefix of a chain, in one round trip.
-
-        Args:
-            model: served model name.
-            hashes: the chain, ints in [0, 2**64).
-            capacities: candidate backend id -> tier capacity, in blocks.
-
-        Returns:
-            One ``BlockMatch`` per backend id in ``capacities``, in its order.
-
-        Raises:
-            IndexUnavailable: Redis failed or did not answer within ``timeout_s``.
-            ValueError: a hash outside [0, 2**64).
-        """
+        """`PrefixIndex.match` (`prefix_index.base`) in one round trip, coalesced with this
+        loop turn's other calls; IndexUnavailable when Redis fails or does not answer within
+        ``timeout_s``."""
         check_hashes(hashes)
         if not hashes or not capacities:
             return {backend_id: NO_MATCH for backend_id in capacities}

@@ -61,17 +61,11 @@ def model_profile_from_hf_config(
     n_q = _int(cfg, "num_attention_heads", name)
     n_kv = int(cfg.get("num_key_value_heads") or n_q)
     vocab = _int(cfg, "vocab_size", name)
-    is_mla = cfg.get("kv_lora_rank") is not None
-    if is_mla:
-        qk_nope = _int(cfg, "qk_nope_head_dim", name)
-        rope = _int(cfg, "qk_rope_head_dim", name)
-        head_dim, v_head_dim = qk_nope + rope, _int(cfg, "v_head_dim", name)
-    else:
-        head_dim = int(cfg.get("head_dim") or hidden // n_q)
-        v_head_dim = None
+    attention = _attention_fields(cfg, name, hidden, n_q, n_kv)
+    is_mla = attention["kv_lora_rank"] is not None
     window, sw_layers = _sliding_window(cfg, layers)
 
-    total, active = _estimate_params(cfg, layers, hidden, n_q, n_kv, head_dim, vocab, is_mla)
+    total, active = _estimate_params(cfg, layers, hidden, n_q, n_kv, attention["head_dim"], vocab, is_mla)
     dtype_bytes = _DTYPE_BYTES.get(str(cfg.get("torch_dtype", config.get("torch_dtype", "bfloat16"))), 2)
     quant = (config.get("quantization_config") or {}).get("quant_method")
     fields: dict[str, Any] = {
@@ -80,11 +74,7 @@ def model_profile_from_hf_config(
         "num_layers": layers,
         "hidden_size": hidden,
         "num_attention_heads": n_q,
-        "num_kv_heads": 1 if is_mla else n_kv,
-        "head_dim": head_dim,
-        "v_head_dim": v_head_dim,
-        "kv_lora_rank": cfg.get("kv_lora_rank"),
-        "qk_rope_head_dim": cfg.get("qk_rope_head_dim") if is_mla else None,
+        **attention,
         "sliding_window_tokens": window,
         "sliding_window_layers": sw_layers,
         "vocab_size": vocab,
@@ -99,6 +89,23 @@ def model_profile_from_hf_config(
         return ModelProfile.model_validate(fields)
     except ValueError as exc:
         raise ProfileError(f"{name}: {exc}") from exc
+
+
+def _attention_fields(cfg: Mapping[str, Any], name: str, hidden: int, n_q: int, n_kv: int) -> dict[str, Any]:
+    """The profile's KV-head geometry: MLA when ``kv_lora_rank`` is set (DeepSeek: one latent
+    "KV head"; query/key head = nope + rope dims, its own value head), else GQA/MHA heads.
+
+    Raises:
+        ProfileError: an MLA config without positive integer ``qk_nope_head_dim``,
+            ``qk_rope_head_dim`` or ``v_head_dim``.
+    """
+    if cfg.get("kv_lora_rank") is None:
+        return {"num_kv_heads": n_kv, "head_dim": int(cfg.get("head_dim") or hidden // n_q), "v_head_dim": None,
+                "kv_lora_rank": None, "qk_rope_head_dim": None}
+    qk_nope = _int(cfg, "qk_nope_head_dim", name)
+    rope = _int(cfg, "qk_rope_head_dim", name)
+    return {"num_kv_heads": 1, "head_dim": qk_nope + rope, "v_head_dim": _int(cfg, "v_head_dim", name),
+            "kv_lora_rank": cfg.get("kv_lora_rank"), "qk_rope_head_dim": cfg.get("qk_rope_head_dim")}
 
 
 def _int(cfg: Mapping[str, Any], key: str, name: str) -> int:

@@ -3,7 +3,7 @@
 Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
 
 - TTFT = first token − arrival; E2E = finish − arrival; percentiles with linear
-  interpolation (as `gateway.commands.replay_report.percentile`), over finished requests.
+  interpolation (`percentile`), over finished requests.
 - throughput_rps = finished requests / makespan, makespan = last finish − first arrival.
 - goodput_rps = finished requests with TTFT ≤ ``ttft_slo_s`` / makespan.
 - energy_per_request_j = the whole fleet's joules over the makespan (idle included) /
@@ -19,7 +19,8 @@ Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
   x-kappa-regime); high-κ = κ_ratio above one fleet-wide threshold, the lowest
   κ_crit_linear of the compute-dense backends (`sim.fleet.high_kappa_threshold`);
   large-T = new prompt tokens (prompt − cached, engine-reported) at or above their p90 over
-  the run. ``*_share`` is the backend's part of all such requests (summing to 1 over backends).
+  the run. ``*_share`` is that part of the backend's own requests (as the demo reports);
+  ``*_of_all`` is the backend's part of all such requests of the run (summing to 1 over backends).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.fleet import SimBackend, high_kappa_threshold
-from sim.simulator import SimResult
+from sim.simulator import RequestRecord, SimResult
 
 DEFAULT_TTFT_SLO_S = 5.0
 """TTFT SLO for goodput, s. A p95-length Mooncake prompt (≈40k tokens) of Llama-3.1-70B
@@ -85,28 +86,7 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     large_t = percentile([r.prompt_tokens - r.cached_tokens for r in done], 90)
     n_high = sum(r.kappa_ratio > high_kappa for r in result.records)
     n_large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in done)
-    backends = []
-    for b in result.backends:
-        mine = [r for r in result.records if r.backend_id == b.id]
-        mine_done = [r for r in done if r.backend_id == b.id]
-        b_prompt = sum(r.prompt_tokens for r in mine_done)
-        high = sum(r.kappa_ratio > high_kappa for r in mine)
-        large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in mine_done)
-        backends.append({
-            "id": b.id, "hardware": _hardware(b), "role": b.labels.get("role", ""),
-            "kappa_crit_linear": b.spec.kappa_crit_linear, "requests": len(mine),
-            "request_share": _share(len(mine), routed),
-            "transfer_requests": sum(r.regime == "transfer" for r in mine),
-            "transfer_share": _share(sum(r.regime == "transfer" for r in mine), len(mine)),
-            # *_share: of this backend's requests (as in the demo's report); *_of_all: of the run's
-            "high_kappa_requests": high, "high_kappa_share": _share(high, len(mine)),
-            "high_kappa_of_all": _share(high, n_high),
-            "large_t_requests": large, "large_t_share": _share(large, len(mine_done)),
-            "large_t_of_all": _share(large, n_large),
-            "prefix_hit_ratio": _share(sum(r.cached_tokens for r in mine_done), b_prompt),
-            "ttft_p50_s": percentile([r.first_token_s - r.arrival_s for r in mine_done], 50),
-            "energy_j": result.energy_j.get(b.id),
-        })
+    backends = _backend_rows(result, done, high_kappa, large_t, n_high, n_large)
     return {
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90), "ttft_p99_s": percentile(ttfts, 99),
         "e2e_p50_s": percentile([r.finish_s - r.arrival_s for r in done], 50),
@@ -121,3 +101,32 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         "makespan_s": makespan, "high_kappa_threshold": high_kappa, "large_t_threshold_tokens": large_t,
         "backends": backends, "wall_s": result.wall_s,
     }
+
+
+def _backend_rows(result: SimResult, done: list[RequestRecord], high_kappa: float, large_t: float | None,
+                  n_high: int, n_large: int) -> list[dict[str, Any]]:
+    """`policy_report`'s ``backends``: per backend its share of the requests, of the high-κ
+    (κ_ratio > ``high_kappa``) and of the large-T (≥ ``large_t`` uncached tokens) ones."""
+    rows = []
+    for b in result.backends:
+        mine = [r for r in result.records if r.backend_id == b.id]
+        mine_done = [r for r in done if r.backend_id == b.id]
+        b_prompt = sum(r.prompt_tokens for r in mine_done)
+        high = sum(r.kappa_ratio > high_kappa for r in mine)
+        large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in mine_done)
+        rows.append({
+            "id": b.id, "hardware": _hardware(b), "role": b.labels.get("role", ""),
+            "kappa_crit_linear": b.spec.kappa_crit_linear, "requests": len(mine),
+            "request_share": _share(len(mine), len(result.records)),
+            "transfer_requests": sum(r.regime == "transfer" for r in mine),
+            "transfer_share": _share(sum(r.regime == "transfer" for r in mine), len(mine)),
+            # *_share: of this backend's requests (as in the demo's report); *_of_all: of the run's
+            "high_kappa_requests": high, "high_kappa_share": _share(high, len(mine)),
+            "high_kappa_of_all": _share(high, n_high),
+            "large_t_requests": large, "large_t_share": _share(large, len(mine_done)),
+            "large_t_of_all": _share(large, n_large),
+            "prefix_hit_ratio": _share(sum(r.cached_tokens for r in mine_done), b_prompt),
+            "ttft_p50_s": percentile([r.first_token_s - r.arrival_s for r in mine_done], 50),
+            "energy_j": result.energy_j.get(b.id),
+        })
+    return rows

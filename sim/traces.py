@@ -206,31 +206,44 @@ def load_sharegpt(path: str | Path, limit: int | None = None, rate_rps: float = 
         raise ValueError(f"{_where(path, exc.lineno)}: not valid JSON ({exc.msg})") from exc
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of conversations")
-    sessions: list[list[TraceRequest]] = []
-    for i, conv in enumerate(data):
-        where = f"{path}: conversation [{i}]"
-        turns = conv.get("conversations") if isinstance(conv, dict) else None
-        if not isinstance(turns, list):
-            raise ValueError(f"{where}: missing 'conversations' list")
-        session_id = str(conv.get("id", i))
-        history: list[dict[str, Any]] = []
-        requests: list[TraceRequest] = []
-        for j, turn in enumerate(turns):
-            role = _ROLES.get(turn.get("from")) if isinstance(turn, dict) else None
-            value = turn.get("value") if isinstance(turn, dict) else None
-            if role is None or not isinstance(value, str):
-                raise ValueError(f"{where} turn [{j}]: need 'from' in {sorted(_ROLES)} and a string 'value'")
-            history.append({"role": role, "content": value})
-            if role != "user":
-                continue
-            answer = turns[j + 1] if j + 1 < len(turns) and isinstance(turns[j + 1], dict) else {}
-            answered = _ROLES.get(answer.get("from")) == "assistant" and isinstance(answer.get("value"), str)
-            output = _estimate_tokens(answer["value"]) if answered else DEFAULT_SHAREGPT_OUTPUT_TOKENS
-            prompt = _estimate_tokens("".join(m["content"] for m in history))
-            requests.append(TraceRequest(arrival_s=0.0, input_tokens=prompt, output_tokens=output,
-                                         messages=tuple(dict(m) for m in history), session_id=session_id))
-        sessions.append(requests)
-    rng = random.Random(seed)
+    sessions = [_sharegpt_session(f"{path}: conversation [{i}]", i, conv) for i, conv in enumerate(data)]
+    return _interleave(sessions, limit, rate_rps, random.Random(seed))
+
+
+def _sharegpt_session(where: str, i: int, conv: object) -> list[TraceRequest]:
+    """One ShareGPT conversation's requests (one per human turn, with the history so far), at arrival 0.
+
+    Raises:
+        ValueError: not a conversation, or a turn without a known role and a string value
+            (the message starts with ``where``).
+    """
+    turns = conv.get("conversations") if isinstance(conv, dict) else None
+    if not isinstance(conv, dict) or not isinstance(turns, list):
+        raise ValueError(f"{where}: missing 'conversations' list")
+    session_id = str(conv.get("id", i))
+    history: list[dict[str, Any]] = []
+    requests: list[TraceRequest] = []
+    for j, turn in enumerate(turns):
+        role = _ROLES.get(turn.get("from")) if isinstance(turn, dict) else None
+        value = turn.get("value") if isinstance(turn, dict) else None
+        if role is None or not isinstance(value, str):
+            raise ValueError(f"{where} turn [{j}]: need 'from' in {sorted(_ROLES)} and a string 'value'")
+        history.append({"role": role, "content": value})
+        if role != "user":
+            continue
+        answer = turns[j + 1] if j + 1 < len(turns) and isinstance(turns[j + 1], dict) else {}
+        answered = _ROLES.get(answer.get("from")) == "assistant" and isinstance(answer.get("value"), str)
+        output = _estimate_tokens(answer["value"]) if answered else DEFAULT_SHAREGPT_OUTPUT_TOKENS
+        prompt = _estimate_tokens("".join(m["content"] for m in history))
+        requests.append(TraceRequest(arrival_s=0.0, input_tokens=prompt, output_tokens=output,
+                                     messages=tuple(dict(m) for m in history), session_id=session_id))
+    return requests
+
+
+def _interleave(sessions: list[list[TraceRequest]], limit: int | None, rate_rps: float,
+                rng: random.Random) -> list[TraceRequest]:
+    """The sessions' requests interleaved at random (each session's in order), the first
+    ``limit`` of them given Poisson arrivals at ``rate_rps`` (per second)."""
     slots = [s for s, reqs in enumerate(sessions) for _ in reqs]
     rng.shuffle(slots)
     cursors = [0] * len(sessions)

@@ -39,7 +39,8 @@ from gateway.commands.fleet import READY_TIMEOUT_S, mock_fleet
 from gateway.commands.processes import answers_ok, free_port, stop_processes
 from gateway.commands.replay import RequestResult, replay
 from sim.report import percentile
-from fleet_config.settings import Settings, load_settings, parse_settings
+from fleet_config.settings import BackendEntry, Settings, load_settings, parse_settings
+from router.profiles import Catalog
 from sim.traces import TraceRequest, load_trace
 from sim.workloads import mooncake_like
 
@@ -164,35 +165,53 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     high_kappa = min(settings.backend_spec(catalog, b).kappa_crit_linear for b in compute_dense)
     ok = [r for r in results if r.error is None]
     large_t = percentile([r.prompt_tokens - r.cached_tokens for r in ok if r.prompt_tokens is not None], 90) or 0
-    backends = []
-    for b in settings.backends:
-        mine = [r for r in ok if r.backend == b.id]
-        kappas = [r.kappa_ratio for r in mine if r.kappa_ratio is not None]
-        loaded = [r.kappa_ratio_loaded for r in mine if r.kappa_ratio_loaded is not None]
-        crits = [r.kappa_crit for r in mine if r.kappa_crit is not None]
-        transfer = sum(r.regime == "transfer" for r in mine)
-        crit_p50 = statistics.median_low(crits) if crits else None
-        ttfts = [r.ttft_s / time_scale for r in mine if r.ttft_s is not None]
-        prompt = sum(r.prompt_tokens or 0 for r in mine)
-        cached = sum(r.cached_tokens or 0 for r in mine)
-        backends.append({
-            "id": b.id, "hardware": f"{b.hardware} x{b.tensor_parallel}"
-                                    + (f" capped {b.power_cap_w:g} W" if b.power_cap_w else ""),
-            "role": b.labels.get("role", ""), "kappa_crit_linear": settings.backend_spec(catalog, b).kappa_crit_linear,
-            "requests": len(mine),
-            "regimes": {"compute": sum(r.regime == "compute" for r in mine), "transfer": transfer},
-            "transfer_share": transfer / len(mine) if mine else None,
-            "kappa_ratio_p50": percentile(kappas, 50), "kappa_ratio_p90": percentile(kappas, 90),
-            "kappa_ratio_loaded_p50": percentile(loaded, 50), "kappa_ratio_loaded_p90": percentile(loaded, 90),
-            "kappa_crit_p50": None if crit_p50 is None or math.isinf(crit_p50) else crit_p50,
-            "kappa_crit_never_requests": sum(math.isinf(c) for c in crits),
-            "high_kappa_requests": sum(k > high_kappa for k in kappas),
-            "large_t_requests": sum((r.prompt_tokens or 0) - (r.cached_tokens or 0) >= large_t for r in mine),
-            "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
-            "prefix_hit_ratio": cached / prompt if prompt else None,
-            "energy_j": backend_metrics.get(b.id, {}).get("mock_vllm:energy_joules_total"),
-            "kv_pool_loaded_bytes": backend_metrics.get(b.id, {}).get("mock_vllm:kv_pool_loaded_bytes_total"),
-        })
+    backends = [_backend_report(settings, catalog, b, [r for r in ok if r.backend == b.id], backend_metrics.get(b.id, {}),
+                                time_scale, high_kappa, large_t)
+                for b in settings.backends]
+    return {
+        "requests": len(results), "errors": len(results) - len(ok),
+        "error_examples": sorted({r.error for r in results if r.error})[:3],
+        "high_kappa_threshold": high_kappa, "large_t_threshold_tokens": large_t,
+        **_index_report(gateway_metrics),
+        "policy": settings.routing.policy, "time_scale": time_scale, "backends": backends,
+        "placement_by_role": _placement_by_role(backends),
+        "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
+    }
+
+
+def _backend_report(settings: Settings, catalog: Catalog, b: BackendEntry, mine: list[RequestResult],
+                    metrics: dict[str, float], time_scale: float, high_kappa: float, large_t: float) -> dict[str, Any]:
+    """One backend's entry of `build_report`'s ``backends``, from its successful requests ``mine``."""
+    kappas = [r.kappa_ratio for r in mine if r.kappa_ratio is not None]
+    loaded = [r.kappa_ratio_loaded for r in mine if r.kappa_ratio_loaded is not None]
+    crits = [r.kappa_crit for r in mine if r.kappa_crit is not None]
+    transfer = sum(r.regime == "transfer" for r in mine)
+    crit_p50 = statistics.median_low(crits) if crits else None
+    ttfts = [r.ttft_s / time_scale for r in mine if r.ttft_s is not None]
+    prompt = sum(r.prompt_tokens or 0 for r in mine)
+    cached = sum(r.cached_tokens or 0 for r in mine)
+    return {
+        "id": b.id, "hardware": f"{b.hardware} x{b.tensor_parallel}"
+                                + (f" capped {b.power_cap_w:g} W" if b.power_cap_w else ""),
+        "role": b.labels.get("role", ""), "kappa_crit_linear": settings.backend_spec(catalog, b).kappa_crit_linear,
+        "requests": len(mine),
+        "regimes": {"compute": sum(r.regime == "compute" for r in mine), "transfer": transfer},
+        "transfer_share": transfer / len(mine) if mine else None,
+        "kappa_ratio_p50": percentile(kappas, 50), "kappa_ratio_p90": percentile(kappas, 90),
+        "kappa_ratio_loaded_p50": percentile(loaded, 50), "kappa_ratio_loaded_p90": percentile(loaded, 90),
+        "kappa_crit_p50": None if crit_p50 is None or math.isinf(crit_p50) else crit_p50,
+        "kappa_crit_never_requests": sum(math.isinf(c) for c in crits),
+        "high_kappa_requests": sum(k > high_kappa for k in kappas),
+        "large_t_requests": sum((r.prompt_tokens or 0) - (r.cached_tokens or 0) >= large_t for r in mine),
+        "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
+        "prefix_hit_ratio": cached / prompt if prompt else None,
+        "energy_j": metrics.get("mock_vllm:energy_joules_total"),
+        "kv_pool_loaded_bytes": metrics.get("mock_vllm:kv_pool_loaded_bytes_total"),
+    }
+
+
+def _placement_by_role(backends: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per role (or backend id without one): its requests, and the shares of them high in κ and large in T."""
     placement: dict[str, dict[str, float]] = {}
     for b in backends:
         group = placement.setdefault(b["role"] or b["id"], {"requests": 0, "high_kappa": 0, "large_t": 0})
@@ -203,21 +222,20 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
         n = max(group["requests"], 1)
         group["high_kappa_share"] = group.pop("high_kappa") / n
         group["large_t_share"] = group.pop("large_t") / n
+    return placement
+
+
+def _index_report(gateway_metrics: dict[str, float]) -> dict[str, Any]:
+    """How well the prefix index predicted cached tokens, from the gateway's counters."""
     estimated = gateway_metrics.get("gateway_cached_tokens_estimated_total", 0.0)
     reported = gateway_metrics.get("gateway_cached_tokens_reported_total", 0.0)
     predictions = {outcome: int(gateway_metrics.get(f'gateway_index_predictions_total{{outcome="{outcome}"}}', 0.0))
                    for outcome in ("within_one_block", "over", "under")}
     answered = sum(predictions.values())
     return {
-        "requests": len(results), "errors": len(results) - len(ok),
-        "error_examples": sorted({r.error for r in results if r.error})[:3],
-        "high_kappa_threshold": high_kappa, "large_t_threshold_tokens": large_t,
         "index_cached_tokens_estimated": estimated, "index_cached_tokens_reported": reported,
         # answers with usage whose predicted K was within one index block of the reported cached_tokens
         "index_within_one_block_share": predictions["within_one_block"] / answered if answered else None,
         "index_predictions": predictions,
         "index_resets": int(gateway_metrics.get("gateway_index_resets_total", 0.0)),
-        "policy": settings.routing.policy, "time_scale": time_scale, "backends": backends,
-        "placement_by_role": placement,
-        "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
     }

@@ -1,6 +1,6 @@
 """Replay a request trace against any OpenAI-compatible URL, open-loop, and measure it.
 
-``kappa-gateway replay`` (issue 4, item 8). Each `sim.traces.TraceRequest` is sent as a
+``kappa-gateway replay``. Each `sim.traces.TraceRequest` is sent as a
 streamed chat completion (`sim.traces.chat_body`) at ``arrival_s / speedup`` seconds after
 the start, whatever the server's state (open loop), with at most ``concurrency`` requests in
 flight: later arrivals wait for a free slot (**client-side queueing**, reported per request
@@ -254,44 +254,55 @@ async def replay(
     if speedup <= 0 or concurrency < 1:
         raise ValueError(f"need speedup > 0 and concurrency ≥ 1, got {speedup}, {concurrency}")
     urls = [url] if isinstance(url, str) else list(url)
-    endpoints = [f"{api_base(u)}/v1/chat/completions" for u in urls]
-    run_id = uuid.uuid4().hex[:8]
-    loop = asyncio.get_running_loop()
-    now = loop.time
-    results: list[RequestResult | None] = [None] * len(requests)
-    slots = asyncio.Semaphore(concurrency)
-    errors = 0
-    start = now()
-
-    async def one(session: aiohttp.ClientSession, index: int, queue_wait_s: float, bar: Progress, task: Any) -> None:
-        nonlocal errors
-        req = requests[index]
-        try:
-            body = chat_body(req, model=model, index=index)
-            sent = now()
-            result = RequestResult(index=index, arrival_s=req.arrival_s, sent_s=sent - start,
-                                   queue_wait_s=queue_wait_s)
-            await _send(session, endpoints[index % len(endpoints)], body, f"replay-{run_id}-{index}", result, now,
-                        sent, timeout_s)
-        finally:
-            slots.release()
-        results[index] = result
-        errors += not result.ok
-        bar.update(task, advance=1, errors=errors)
-        if on_result is not None:
-            on_result(result)
-
+    now = asyncio.get_running_loop().time
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=concurrency)
     with _progress_bar(progress) as bar:
-        task = bar.add_task("replay", total=len(requests), errors=0)
+        run = _Run(requests, model, [f"{api_base(u)}/v1/chat/completions" for u in urls], timeout_s, on_result,
+                   now, now(), asyncio.Semaphore(concurrency), bar, bar.add_task("replay", total=len(requests), errors=0))
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            async with asyncio.TaskGroup() as group:
-                for index in sorted(range(len(requests)), key=lambda i: requests[i].arrival_s):
-                    due = start + requests[index].arrival_s / speedup
-                    if due > now():
-                        await asyncio.sleep(due - now())  # open loop: wait for the arrival time
-                    ready = now()
-                    await slots.acquire()  # client-side queueing when all slots are busy
-                    group.create_task(one(session, index, now() - ready, bar, task))
-    return [r for r in results if r is not None]
+            await run.send_all(session, speedup)
+    return [r for r in run.results if r is not None]
+
+
+class _Run:
+    """One replay in flight: where each request goes, the free slots, the results so far."""
+
+    def __init__(self, requests: Sequence[TraceRequest], model: str, endpoints: list[str], timeout_s: float,
+                 on_result: Callable[[RequestResult], None] | None, now: Callable[[], float], start: float,
+                 slots: asyncio.Semaphore, bar: Progress, task: Any) -> None:
+        self.requests, self.model, self.endpoints, self.timeout_s = requests, model, endpoints, timeout_s
+        self.on_result, self.now, self.start, self.slots, self.bar, self.task = on_result, now, start, slots, bar, task
+        self.run_id = uuid.uuid4().hex[:8]
+        self.results: list[RequestResult | None] = [None] * len(requests)
+        self.errors = 0
+
+    async def send_all(self, session: aiohttp.ClientSession, speedup: float) -> None:
+        """The open loop: each request at its sped-up arrival time, or when a slot frees up."""
+        requests, now = self.requests, self.now
+        async with asyncio.TaskGroup() as group:
+            for index in sorted(range(len(requests)), key=lambda i: requests[i].arrival_s):
+                due = self.start + requests[index].arrival_s / speedup
+                if due > now():
+                    await asyncio.sleep(due - now())  # open loop: wait for the arrival time
+                ready = now()
+                await self.slots.acquire()  # client-side queueing when all slots are busy
+                group.create_task(self.send_one(session, index, now() - ready))
+
+    async def send_one(self, session: aiohttp.ClientSession, index: int, queue_wait_s: float) -> None:
+        """Send request ``index`` (holding a slot, released here) and record its result."""
+        req, now = self.requests[index], self.now
+        try:
+            body = chat_body(req, model=self.model, index=index)
+            sent = now()
+            result = RequestResult(index=index, arrival_s=req.arrival_s, sent_s=sent - self.start,
+                                   queue_wait_s=queue_wait_s)
+            await _send(session, self.endpoints[index % len(self.endpoints)], body, f"replay-{self.run_id}-{index}",
+                        result, now, sent, self.timeout_s)
+        finally:
+            self.slots.release()
+        self.results[index] = result
+        self.errors += not result.ok
+        self.bar.update(self.task, advance=1, errors=self.errors)
+        if self.on_result is not None:
+            self.on_result(result)

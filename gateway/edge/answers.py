@@ -1,8 +1,7 @@
 """Exceptions to OpenAI-shaped HTTP answers: the one mapping every route uses.
 
 A `GatewayError` answers with its own status, type and headers (``Retry-After``,
-``WWW-Authenticate``) plus ``x-request-id``; `router.errors.NoEligibleBackend` with 503; any
-other exception with an OpenAI-shaped 500 whose log line names the exception's type and stack
+``WWW-Authenticate``) plus ``x-request-id``; any other exception with an OpenAI-shaped 500 whose log line names the exception's type and stack
 but not its message (a library's message may quote the request: no prompt text in logs).
 """
 
@@ -14,7 +13,6 @@ import traceback
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import GatewayError, error_body
-from router.errors import NoEligibleBackend
 
 log = logging.getLogger("kappa_gateway.app")
 
@@ -25,8 +23,6 @@ def error_response(exc: Exception, request_id: str | None = None) -> Response:
     headers = {"x-request-id": rid} if rid else {}
     if isinstance(exc, GatewayError):
         return JSONResponse(exc.body(), status_code=exc.status, headers={**exc.headers(), **headers})
-    if isinstance(exc, NoEligibleBackend):
-        return JSONResponse(error_body(str(exc), "service_unavailable_error", 503), status_code=503, headers=headers)
     stack = "".join(traceback.format_tb(exc.__traceback__))
     log.error("unhandled %s while serving a request (message withheld: it may quote the request)\n%s",
               type(exc).__name__, stack)

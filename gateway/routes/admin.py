@@ -36,21 +36,21 @@ async def require_admin_key(request: Request) -> None:
         raise
 
 
-router = APIRouter()
-kappa_router = APIRouter(prefix="/v1/kappa", dependencies=[Depends(require_admin_key)])
+routes = APIRouter()
+kappa_routes = APIRouter(prefix="/v1/kappa", dependencies=[Depends(require_admin_key)])
 
 
 def _finite(value: float) -> float | None:
     return None if math.isinf(value) else value
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+@routes.api_route("/health", methods=["GET", "HEAD"])
 async def health() -> dict:
     """Liveness: the process serves HTTP."""
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@routes.get("/ready")
 async def ready(gw: State) -> Response:
     """Readiness: started, not draining for shutdown, and at least one backend healthy."""
     ok = gw.ready and not gw.draining and gw.backends.any_healthy()
@@ -59,7 +59,7 @@ async def ready(gw: State) -> Response:
                          "backends": len(gw.backends.states)}, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@routes.get("/metrics")
 async def metrics(request: Request, gw: State) -> Response:
     """Prometheus exposition; behind the admin key when ``gateway.metrics_require_admin_key``."""
     if gw.keys.metrics_protected:
@@ -84,7 +84,7 @@ def kappa_crit_reference(spec: BackendSpec) -> dict[str, dict[str, float | None]
             "kv_pool": {str(t): at(t, kv_pool=t) for t in ts} if spec.kv_pool_link_bytes_per_s else None}
 
 
-@kappa_router.get("/backends")
+@kappa_routes.get("/backends")
 async def backends(gw: State) -> dict:
     """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks.
 
@@ -130,7 +130,7 @@ async def backends(gw: State) -> dict:
             "kv_pool": kv_pool, "peers": peers}
 
 
-@kappa_router.post("/route")
+@kappa_routes.post("/route")
 async def explain(request: Request, gw: State) -> dict[str, Any]:
     """Explain the decision for a chat or completions body without sending it.
 
@@ -158,8 +158,8 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
     elif isinstance(body, dict):
         raise BadRequest("The body needs 'messages' (chat) or 'prompt' (completions).")
     else:
-        kind = "chat"  # parse() answers that the body must be a JSON object
-    parsed = gw.routing.parse(kind, raw)
+        kind = "chat"  # parse_loaded() answers that the body must be a JSON object
+    parsed = gw.routing.parse_loaded(kind, body, len(raw))
     plan = await gw.routing.plan(parsed, dry_run=True)
     rank = {c.backend_id: i for i, c in enumerate(plan.decision.ranked)}
     candidates = []

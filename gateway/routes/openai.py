@@ -17,7 +17,7 @@ from gateway.proxy.handler import serve_proxy
 from gateway.routing import Kind
 from gateway.routes.deps import State
 
-router = APIRouter()
+routes = APIRouter()
 _CREATED = int(time.time())
 
 
@@ -38,7 +38,7 @@ proxy_routes = [
 ]
 
 
-@router.get("/v1/models")
+@routes.get("/v1/models")
 async def models(gw: State) -> dict:
     """The fleet's served models, OpenAI's list shape."""
     return {"object": "list", "data": [

@@ -95,7 +95,18 @@ class Telemetry:
         self.registry = registry
         self.multiprocess_dir = multiprocess_dir
         self.multiprocess = multiprocess_dir is not None
-        r = registry
+        self._declare_request_metrics(registry)
+        self._declare_token_metrics(registry)
+        self._declare_latency_metrics(registry)
+        self._declare_backend_metrics(registry)
+        self._declare_index_metrics(registry)
+        self._declare_edge_metrics(registry)
+        self._backends: dict[str, BackendSeries] = {}
+        self._functions: list[tuple[Gauge, Callable[[], float]]] = []
+        self._outcomes: dict[tuple[str, str, str, str, str], object] = {}
+
+    def _declare_request_metrics(self, r: CollectorRegistry) -> None:
+        """Outcomes and the κ figures of routed requests, and the time to decide."""
         self.requests = Counter("gateway_requests", "Requests by outcome.",
                                 ["backend", "model", "policy", "regime", "status"], registry=r)
         self.decision_seconds = Histogram("gateway_routing_decision_seconds",
@@ -119,6 +130,9 @@ class Telemetry:
         self.kappa_fit_samples = Gauge("gateway_kappa_fit_requests", "Requests behind the measured κ_crit_linear: "
                                        "compute-bound and load-bound prefills the fit used (router.kappa_fit).",
                                        ["backend", "kind"], multiprocess_mode="mostrecent", registry=r)
+
+    def _declare_token_metrics(self, r: CollectorRegistry) -> None:
+        """Prompt tokens by where the index expected them, and cached tokens predicted vs reported."""
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)
         self.cached_estimated = Counter("gateway_cached_tokens_estimated",
@@ -127,6 +141,9 @@ class Telemetry:
         self.cached_reported = Counter("gateway_cached_tokens_reported",
                                        "Cached prompt tokens the backend reported (usage.prompt_tokens_details).",
                                        ["backend"], registry=r)
+
+    def _declare_latency_metrics(self, r: CollectorRegistry) -> None:
+        """Latencies seen from the gateway: TTFT, response headers, ITL, end to end."""
         self.ttft = Histogram("gateway_ttft_seconds", "Streamed requests only: time from receipt to the first "
                               "content chunk. A non-streamed answer has no first-token time: see "
                               "gateway_time_to_response_headers_seconds{stream=\"false\"}.", ["backend"],
@@ -141,6 +158,9 @@ class Telemetry:
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("gateway_e2e_seconds", "Time from receipt to the last byte.", ["backend"],
                              buckets=LATENCY_BUCKETS, registry=r)
+
+    def _declare_backend_metrics(self, r: CollectorRegistry) -> None:
+        """Per-backend load, health and upstream failures."""
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests sent and not finished (the ledger).",
                                ["backend"], multiprocess_mode="livesum", registry=r)
         self.kv_demand = Gauge("gateway_kv_demand_bytes", "KV bytes charged to in-flight requests, (K+T+max_tokens)·B_kv.",
@@ -154,6 +174,9 @@ class Telemetry:
         self.outlier_ejections = Counter("gateway_outlier_ejections", "Backends taken out of rotation for the "
                                          "outlier cool-down (hung past the idle timeout, or failed a health "
                                          "check while a request waited on them).", ["backend"], registry=r)
+
+    def _declare_index_metrics(self, r: CollectorRegistry) -> None:
+        """The prefix index: errors, prediction quality, resets, breaker, latency, calibration."""
         self.index_errors = Counter("gateway_index_errors", "Prefix-index calls that failed or timed out.",
                                     ["op"], registry=r)
         self.index_predictions = Counter("gateway_index_predictions", "Answers with usage by how the index's "
@@ -172,6 +195,9 @@ class Telemetry:
                                        buckets=DECISION_BUCKETS, registry=r)
         self.bytes_per_token = Gauge("gateway_bytes_per_token", "Calibrated canonical prompt bytes per token.",
                                      ["model"], multiprocess_mode="mostrecent", registry=r)
+
+    def _declare_edge_metrics(self, r: CollectorRegistry) -> None:
+        """Replicas, the admin key and load-only routing."""
         self.peer_replicas = Gauge("gateway_peer_replicas", "Gateway replicas whose load this one saw at its last "
                                    "exchange, itself included (gateway.replicas.peer_load; 1 without Redis).", multiprocess_mode="livemax", registry=r)
         self.peer_sync_errors = Counter("gateway_peer_sync_errors", "Load exchanges with the other replicas "
@@ -182,10 +208,6 @@ class Telemetry:
         self.load_only_requests = Counter("gateway_load_only_requests", "Requests relayed with load-only routing: "
                                           "a well-formed body the prefix index cannot canonicalise, by reason.",
                                           ["reason"], registry=r)
-
-        self._backends: dict[str, BackendSeries] = {}
-        self._functions: list[tuple[Gauge, Callable[[], float]]] = []
-        self._outcomes: dict[tuple[str, str, str, str, str], object] = {}
 
     def init_backend(self, backend_id: str, kappa_crit_linear: float, *, in_flight: Callable[[], float],
                      kv_demand_bytes: Callable[[], float]) -> None:

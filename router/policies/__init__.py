@@ -1,8 +1,12 @@
-"""Routing policies, one per module, chosen by name in the gateway config.
+"""Routing policies, one per module, chosen by name in the gateway config (``routing.policy``).
+
+Each module follows one shape (`router.policies.base`): a kebab-case ``name``, a
+``category``, a frozen parameters dataclass that validates itself, and the factory
+``from_params``. The registry is this fixed table, built once at import.
 
 | name | module | category |
 | --- | --- | --- |
-| ``kappa`` (default) | `router.policies.kappa` | cost-based: least predicted TTFT, memory-aware |
+| ``kappa`` (default) | `router.policies.kappa` | cost: least predicted TTFT, memory-aware |
 | ``round-robin`` | `router.policies.round_robin` | distribution |
 | ``least-loaded`` | `router.policies.least_loaded` | distribution |
 | ``prefix-affinity`` | `router.policies.prefix_affinity` | affinity (SGLang cache_aware) |
@@ -12,18 +16,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
-from router.policies.base import Policy, PolicyConfigError
+from router.policies.base import CATEGORIES, Policy, PolicyConfigError
 from router.policies.kappa import KappaPolicy
 from router.policies.least_loaded import LeastLoadedPolicy
 from router.policies.prefix_affinity import PrefixAffinityPolicy
 from router.policies.round_robin import RoundRobinPolicy
 from router.policies.weighted import WeightedPolicy
 
-POLICY_TYPES = {
-    cls.name: cls for cls in (KappaPolicy, RoundRobinPolicy, LeastLoadedPolicy, PrefixAffinityPolicy, WeightedPolicy)
-}
+POLICY_CLASSES: tuple[type[Policy], ...] = (
+    KappaPolicy, RoundRobinPolicy, LeastLoadedPolicy, PrefixAffinityPolicy, WeightedPolicy)
+POLICY_TYPES: Mapping[str, type[Policy]] = MappingProxyType({cls.name: cls for cls in POLICY_CLASSES})
 POLICY_NAMES = tuple(POLICY_TYPES)
 
 
@@ -40,4 +45,5 @@ def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
     return cls.from_params(params or {})
 
 
-__all__ = ["POLICY_NAMES", "Policy", "PolicyConfigError", "build_policy"]
+__all__ = ["CATEGORIES", "POLICY_CLASSES", "POLICY_NAMES", "POLICY_TYPES", "Policy", "PolicyConfigError",
+           "build_policy"]

@@ -9,19 +9,31 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 
-from router.policies.base import check_params, rank_by
+from router.policies.base import parse_params, rank_by
 from router.types import BackendView, Candidate, Decision, RequestFeatures
+
+NAME = "least-loaded"
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoadedParams:
+    """The ``least-loaded`` policy takes no parameters: any key is unknown."""
 
 
 class LeastLoadedPolicy:
-    name: ClassVar[str] = "least-loaded"
+    name: ClassVar[str] = NAME
+    category: ClassVar[str] = "distribution"
+
+    def __init__(self, params: LeastLoadedParams = LeastLoadedParams()) -> None:
+        self.params = params
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> LeastLoadedPolicy:
-        check_params(cls.name, params, {})
-        return cls()
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        """A policy from ``routing.params``. Raises PolicyConfigError naming an unknown key."""
+        return cls(parse_params(NAME, LeastLoadedParams, params))
 
     def decide(self, features: RequestFeatures, candidates: Sequence[Candidate],
                views: Sequence[BackendView], rng: random.Random) -> Decision:

@@ -8,22 +8,32 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 
-from router.policies.base import check_params
+from router.policies.base import parse_params
 from router.types import BackendView, Candidate, Decision, RequestFeatures
+
+NAME = "round-robin"
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRobinParams:
+    """The ``round-robin`` policy takes no parameters: any key is unknown."""
 
 
 class RoundRobinPolicy:
-    name: ClassVar[str] = "round-robin"
+    name: ClassVar[str] = NAME
+    category: ClassVar[str] = "distribution"
 
-    def __init__(self) -> None:
+    def __init__(self, params: RoundRobinParams = RoundRobinParams()) -> None:
+        self.params = params
         self._cursor = 0
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> RoundRobinPolicy:
-        check_params(cls.name, params, {})
-        return cls()
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        """A policy from ``routing.params``. Raises PolicyConfigError naming an unknown key."""
+        return cls(parse_params(NAME, RoundRobinParams, params))
 
     def decide(self, features: RequestFeatures, candidates: Sequence[Candidate],
                views: Sequence[BackendView], rng: random.Random) -> Decision:

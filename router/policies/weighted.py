@@ -6,7 +6,7 @@ Category: affinity + distribution. Scores in [0, 1] per backend (REFERENCE.md §
 - KV-utilisation score = 1 − kv_cache_usage (scraped, a fraction).
 Total = prefix_weight·prefix + queue_weight·queue + kv_weight·kv; ties at random.
 
-Parameters (llm-d's defaults): prefix_weight 3, queue_weight 2, kv_weight 2.
+Parameters: `WeightedParams` (llm-d's default weights).
 
 YAML::
 
@@ -19,10 +19,41 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 
-from router.policies.base import PolicyConfigError, check_params, rank_by
+from router.policies.base import parse_params, rank_by, require
 from router.types import BackendView, Candidate, Decision, RequestFeatures
+
+NAME = "weighted"
+
+# The weights of llm-d's default scheduling profile (REFERENCE.md §6).
+DEFAULT_PREFIX_WEIGHT = 3.0
+DEFAULT_QUEUE_WEIGHT = 2.0
+DEFAULT_KV_WEIGHT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedParams:
+    """The ``weighted`` policy's parameters (``routing.params``): dimensionless weights, each ≥ 0.
+
+    Attributes:
+        prefix_weight: weight of the prefix-cache score.
+        queue_weight: weight of the queue score.
+        kv_weight: weight of the KV-utilisation score.
+
+    Raises:
+        PolicyConfigError: a negative or non-finite weight (the message names it).
+    """
+
+    prefix_weight: float = DEFAULT_PREFIX_WEIGHT
+    queue_weight: float = DEFAULT_QUEUE_WEIGHT
+    kv_weight: float = DEFAULT_KV_WEIGHT
+
+    def __post_init__(self) -> None:
+        require(NAME, "prefix_weight", self.prefix_weight, self.prefix_weight >= 0, ">= 0")
+        require(NAME, "queue_weight", self.queue_weight, self.queue_weight >= 0, ">= 0")
+        require(NAME, "kv_weight", self.kv_weight, self.kv_weight >= 0, ">= 0")
 
 
 def queue_scores(waiting: Sequence[int]) -> list[float]:
@@ -34,21 +65,20 @@ def queue_scores(waiting: Sequence[int]) -> list[float]:
 
 
 class WeightedPolicy:
-    name: ClassVar[str] = "weighted"
+    name: ClassVar[str] = NAME
+    category: ClassVar[str] = "affinity+distribution"
 
-    def __init__(self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0) -> None:
-        if min(prefix_weight, queue_weight, kv_weight) < 0:
-            raise PolicyConfigError("policy 'weighted': weights must be >= 0")
-        self.weights = (prefix_weight, queue_weight, kv_weight)
+    def __init__(self, params: WeightedParams = WeightedParams()) -> None:
+        self.params = params
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> WeightedPolicy:
-        return cls(**check_params(cls.name, params, {
-            "prefix_weight": float, "queue_weight": float, "kv_weight": float}))
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        """A policy from ``routing.params``. Raises PolicyConfigError naming a bad or unknown key."""
+        return cls(parse_params(NAME, WeightedParams, params))
 
     def scores(self, features: RequestFeatures, views: Sequence[BackendView]) -> list[float]:
         """Total score per view, in the views' order."""
-        w_prefix, w_queue, w_kv = self.weights
+        w_prefix, w_queue, w_kv = self.params.prefix_weight, self.params.queue_weight, self.params.kv_weight
         queue = queue_scores([v.num_requests_waiting for v in views])
         out = []
         for view, q in zip(views, queue, strict=True):

@@ -93,17 +93,18 @@ def test_prompt_set_is_fixed_distinct_and_shares_prefixes_in_groups(bench) -> No
 
 @pytest.fixture(scope="module")
 def stub_and_proxy(bench, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    overhead, _ = bench
-    procs = overhead.Processes(tmp_path_factory.mktemp("bench-logs"))
+    import overhead_servers  # on sys.path with the bench modules (the bench fixture)
+
+    procs = overhead_servers.Processes(tmp_path_factory.mktemp("bench-logs"))
     try:
         stub = procs.start("stub", [sys.executable, str(BENCH_DIR / "upstream_stub.py"), "--listeners", "2"],
                            stdout_pipe=True)
-        stub_port = overhead._json_line(stub)["ports"][0]
+        stub_port = overhead_servers.json_line(stub)["ports"][0]
         bare = procs.start("bare", [sys.executable, str(BENCH_DIR / "bare_proxy.py"), "--upstream",
                                     f"http://127.0.0.1:{stub_port}"], stdout_pipe=True)
-        bare_port = overhead._json_line(bare)["port"]
-        overhead.wait_ready(stub_port, "/health", procs, "stub")
-        overhead.wait_ready(bare_port, "/health", procs, "bare")
+        bare_port = overhead_servers.json_line(bare)["port"]
+        overhead_servers.wait_ready(stub_port, "/health", procs, "stub")
+        overhead_servers.wait_ready(bare_port, "/health", procs, "bare")
         yield stub_port, bare_port
     finally:
         procs.stop()

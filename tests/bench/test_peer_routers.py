@@ -31,6 +31,14 @@ def bench(request: pytest.FixtureRequest):
     return overhead, peer_routers
 
 
+@pytest.fixture(scope="module")
+def servers(bench):
+    """`bench/overhead_servers.py`, the processes the overhead bench starts (on sys.path via ``bench``)."""
+    import overhead_servers
+
+    return overhead_servers
+
+
 def test_command_lines_bind_loopback_and_name_the_policy(bench) -> None:
     _, peers = bench
     urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
@@ -116,15 +124,14 @@ def test_default_targets_include_every_peer(bench) -> None:
 
 
 @pytest.fixture(scope="module")
-def stub_ports(bench, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
-    overhead, _ = bench
-    procs = overhead.Processes(tmp_path_factory.mktemp("peer-stub"))
+def stub_ports(servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    procs = servers.Processes(tmp_path_factory.mktemp("peer-stub"))
     try:
         stub = procs.start("stub", [sys.executable, str(BENCH_DIR / "upstream_stub.py"), "--listeners",
-                                    str(overhead.N_BACKENDS)], stdout_pipe=True)
-        ports = overhead._json_line(stub)["ports"]
+                                    str(servers.N_BACKENDS)], stdout_pipe=True)
+        ports = servers.json_line(stub)["ports"]
         for port in ports:
-            overhead.wait_ready(port, "/health", procs, "stub")
+            servers.wait_ready(port, "/health", procs, "stub")
         yield ports
     finally:
         procs.stop()
@@ -141,23 +148,23 @@ def _cached_python(peers, target: str) -> Path:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("target", ["sglang-cache", "sglang-rr", "vllm-router"])
-def test_peer_relays_to_the_stub_for_the_openai_client(bench, stub_ports: list[int], tmp_path: Path,
+def test_peer_relays_to_the_stub_for_the_openai_client(bench, servers, stub_ports: list[int], tmp_path: Path,
                                                        target: str) -> None:
-    overhead, peers = bench
+    _, peers = bench
     python = _cached_python(peers, target)
-    procs = overhead.Processes(tmp_path)
-    port = overhead.free_port()
+    procs = servers.Processes(tmp_path)
+    port = servers.free_port()
     try:
         router = procs.start(target, peers.PEER_ROUTERS[target].command(
-            python, [f"http://127.0.0.1:{p}" for p in stub_ports], port, metrics_port=overhead.free_port()))
-        overhead.wait_ready(port, peers.READINESS_PATH, procs, target)  # all 8 workers healthy
+            python, [f"http://127.0.0.1:{p}" for p in stub_ports], port, metrics_port=servers.free_port()))
+        servers.wait_ready(port, peers.READINESS_PATH, procs, target)  # all 8 workers healthy
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0, timeout=10)
         messages = [{"role": "system", "content": "shared " * 200}, {"role": "user", "content": "hello"}]
-        answer = client.chat.completions.create(model=overhead.MODEL, messages=messages, max_tokens=16)
+        answer = client.chat.completions.create(model=servers.MODEL, messages=messages, max_tokens=16)
         assert answer.choices[0].message.content == "t0 t1 t2"
         assert answer.usage is not None and answer.usage.completion_tokens == 3
         # A stream: the stub must see "stream": true in the body the router re-serialised.
-        chunks = list(client.chat.completions.create(model=overhead.MODEL, messages=messages, max_tokens=16,
+        chunks = list(client.chat.completions.create(model=servers.MODEL, messages=messages, max_tokens=16,
                                                      stream=True, stream_options={"include_usage": True}))
         assert [c.choices[0].delta.content for c in chunks if c.choices] == ["t0", "t1", "t2"]
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3

@@ -168,7 +168,7 @@ def test_every_policy_builds_and_ranks_all_candidates(name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [("fastest", {}, "unknown policy 'fastest'"), ("kappa", {"energy_tie": 0.1}, "unknown parameter 'energy_tie'"),
-     ("weighted", {"prefix_weight": "3"}, "must be float"), ("prefix-affinity", {"cache_threshold": 2.0}, "cache_threshold"),
+     ("weighted", {"prefix_weight": "3"}, "must be float"), ("prefix-affinity", {"cache_threshold_fraction": 2.0}, "cache_threshold_fraction"),
      ("kappa", {"energy_tie_ratio": 1.5}, "energy_tie_ratio"), ("kappa", {"work_weight": -1.0}, "work_weight")],
     ids=["unknown-policy", "unknown-param", "wrong-type", "out-of-range", "kappa-range", "kappa-work-weight"],
 )
