@@ -92,6 +92,14 @@ def parse_params(policy: str, params_type: type[P], params: Mapping[str, Any]) -
     return params_type(**values)
 
 
+def params_reduce(params: object) -> tuple[type, tuple[Any, ...]]:
+    """``__reduce__`` of a parameters dataclass: its class and field values, so that copying or
+    pickling rebuilds it through its constructor. A frozen dataclass compiled by mypyc
+    (`hot_path`) cannot be restored field by field (``copy.deepcopy`` of a policy would raise
+    ``FrozenInstanceError``), as `router.cost.BackendSpec.__reduce__` says of its own."""
+    return type(params), tuple(getattr(params, f.name) for f in dataclasses.fields(params))  # type: ignore[arg-type]
+
+
 def require(policy: str, parameter: str, value: float, ok: bool, expected: str) -> None:
     """Raise PolicyConfigError naming ``parameter`` unless ``ok`` (and ``value`` is finite).
 

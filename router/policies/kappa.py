@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from router.policies.base import parse_params, require
+from router.policies.base import params_reduce, parse_params, require
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 NAME = "kappa"
@@ -69,6 +69,9 @@ class KappaParams:
 
     energy_tie_ratio: float = DEFAULT_ENERGY_TIE_RATIO
     work_weight: float = DEFAULT_WORK_WEIGHT
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return params_reduce(self)
 
     def __post_init__(self) -> None:
         ratio, weight = self.energy_tie_ratio, self.work_weight

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from router.policies.base import parse_params, rank_by
+from router.policies.base import params_reduce, parse_params, rank_by
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 NAME = "least-loaded"
@@ -21,6 +21,9 @@ NAME = "least-loaded"
 @dataclass(frozen=True, slots=True)
 class LeastLoadedParams:
     """The ``least-loaded`` policy takes no parameters: any key is unknown."""
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return params_reduce(self)
 
 
 class LeastLoadedPolicy:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from router.policies.base import parse_params, rank_by, require
+from router.policies.base import params_reduce, parse_params, rank_by, require
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 NAME = "prefix-affinity"
@@ -57,6 +57,9 @@ class PrefixAffinityParams:
     balance_abs_threshold_requests: int = DEFAULT_BALANCE_ABS_THRESHOLD_REQUESTS
     balance_rel_threshold: float = DEFAULT_BALANCE_REL_THRESHOLD
     cache_threshold_fraction: float = DEFAULT_CACHE_THRESHOLD_FRACTION
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return params_reduce(self)
 
     def __post_init__(self) -> None:
         abs_requests, rel, fraction = (self.balance_abs_threshold_requests, self.balance_rel_threshold,

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from router.policies.base import parse_params
+from router.policies.base import params_reduce, parse_params
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 NAME = "round-robin"
@@ -20,6 +20,9 @@ NAME = "round-robin"
 @dataclass(frozen=True, slots=True)
 class RoundRobinParams:
     """The ``round-robin`` policy takes no parameters: any key is unknown."""
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return params_reduce(self)
 
 
 class RoundRobinPolicy:

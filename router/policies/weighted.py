@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from router.policies.base import parse_params, rank_by, require
+from router.policies.base import params_reduce, parse_params, rank_by, require
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 NAME = "weighted"
@@ -49,6 +49,9 @@ class WeightedParams:
     prefix_weight: float = DEFAULT_PREFIX_WEIGHT
     queue_weight: float = DEFAULT_QUEUE_WEIGHT
     kv_weight: float = DEFAULT_KV_WEIGHT
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return params_reduce(self)
 
     def __post_init__(self) -> None:
         require(NAME, "prefix_weight", self.prefix_weight, self.prefix_weight >= 0, ">= 0")

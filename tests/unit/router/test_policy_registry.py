@@ -7,8 +7,10 @@ and rejects a bad value of each of its parameters by that parameter's name.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+import pickle
 import random
 import re
 from typing import Any
@@ -88,6 +90,15 @@ def test_from_no_params_builds_it_with_its_defaults(cls: type[Policy]) -> None:
     for field in fields:
         with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
             setattr(policy.params, field.name, field.default)
+
+
+@POLICIES
+def test_a_policy_copies_and_pickles_with_its_parameters(cls: type[Policy]) -> None:
+    """The dispatcher deep-copies the policy for a dry run (`/v1/kappa/route`): a frozen dataclass
+    compiled by mypyc raised FrozenInstanceError there until the parameters had a ``__reduce__``."""
+    policy = cls.from_params({})
+    assert copy.deepcopy(policy).params == policy.params
+    assert pickle.loads(pickle.dumps(policy.params)) == policy.params
 
 
 @POLICIES
