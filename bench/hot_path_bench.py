@@ -51,7 +51,8 @@ async def measure(size: str, requests: int, in_flight: int = 0) -> dict[str, Any
 
     from fleet_config.catalog import default_catalog
     from fleet_config.settings import parse_settings
-    from gateway.backends.backend_set import BackendSet, BackendState
+    from gateway.backends.backend_set import BackendSet
+    from gateway.backends.backend_state import BackendState
     from gateway.proxy.routing import RoutingService
     from gateway.telemetry.metrics import Telemetry
     from overhead import make_bodies
