@@ -31,12 +31,12 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from dispatch import Plan
+from gateway.backends.upstream_errors import Phase, mapped_errors
 from gateway.proxy.attempts import ClientWatch, FirstByte
 from gateway.serving.connections import CLIENT_GONE
 from gateway.errors import ClientGone, ShuttingDown, UpstreamError, UpstreamReset, UpstreamTimeout
 from gateway.backends.kappa_feed import prediction
 from gateway.proxy.sse import SseObserver, error_tail, usage_from_body
-from gateway.proxy.upstream import Phase, mapped_errors
 from gateway.state import GatewayState
 
 log = logging.getLogger("kappa_gateway.proxy")

@@ -1,32 +1,27 @@
-"""Talking to backends: the session, the headers that go up and come down, and the one place
-aiohttp's errors become the gateway's (`mapped_errors`, STYLE.md B6).
+"""Talking to backends: the session, the headers that go up and come down, one attempt's opening.
 
 The data-plane client is aiohttp: vLLM's production-stack router moved to it from httpx
 for throughput (vllm-project/production-stack#569); its connection limit is set from the
 config, not left at aiohttp's default of 100 (production-stack#765). Responses are not
 decompressed (``auto_decompress=False``) so bytes pass to the client unchanged.
 
-`mapped_errors` has the shape of httpx's ``map_httpcore_exceptions``
-(httpx/_transports/default.py): one context manager, used around opening an attempt, inside
-each read of a response after its first bytes (`gateway.proxy.relay`) and around the health
-checks and scrapes (`gateway.backends.backend_set`). What it raises depends on the phase:
-before the first byte the kind of failure decides whether the retry policy may send the
-request elsewhere (``UpstreamError.retry_kind``); after it, only an SSE error event or a 502
-can follow.
+Everything up to and including the first body bytes is "before the first byte": a failure
+there raises an `UpstreamError` whose ``retry_kind`` says whether the retry policy may send
+the request elsewhere. aiohttp's errors become those in one place, the backends' room
+(`gateway.backends.upstream_errors.mapped_errors`, STYLE.md B6), which the health checks use too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDict
 
-from gateway.errors import UpstreamError, UpstreamReset, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from gateway.backends.upstream_errors import Phase, mapped_errors
+from gateway.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
 from gateway.edge.request_ids import attempt_suffix
 
 # RFC 9110 §7.6.1 connection-specific headers, plus ones the proxy recomputes. `Expect`: the
@@ -146,58 +141,6 @@ async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, h
     except BaseException:
         _close(resp)
         raise
-
-
-class Phase(enum.Enum):
-    """Where in an exchange with a backend an aiohttp error happened (`mapped_errors`)."""
-
-    OPENING = "opening"  # connecting, sending, the response headers, the first body bytes
-    STREAM = "stream"  # a streamed response after its first bytes
-    BODY = "body"  # a non-streamed response after its first bytes
-    PROBE = "probe"  # a health check, model check or metrics scrape
-
-
-@contextmanager
-def mapped_errors(phase: Phase, backend: str = "") -> Iterator[None]:
-    """Raise aiohttp's errors inside the block as the gateway's (httpx's ``map_httpcore_exceptions``).
-
-    Args:
-        phase: where the block is in the exchange; it decides the error's type and message.
-        backend: the backend's id, for the messages of the phases after the first byte.
-
-    Raises:
-        UpstreamUnavailable: (``OPENING``, ``PROBE``) no connection: refused, unreachable, or
-            none within the connect timeout.
-        UpstreamReset: any other aiohttp client error (after the first byte too: the
-            connection dropped or the body was malformed).
-        UpstreamTimeout: (``STREAM``, ``BODY``) an aiohttp read timeout, a `TimeoutError` like
-            the idle timeout's (``eject``: the backend went silent).
-
-    Every other exception passes unchanged, the asyncio timeouts' `TimeoutError` included:
-    their bounds and messages are the caller's.
-    """
-    try:
-        yield
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-        if phase is Phase.OPENING or phase is Phase.PROBE:
-            raise UpstreamUnavailable(f"backend unreachable: {exc.__class__.__name__}: {exc}") from exc
-        raise _after_first_byte(exc, phase, backend) from exc
-    except aiohttp.ClientError as exc:
-        if phase is Phase.OPENING:
-            raise UpstreamReset(f"backend closed the connection before the first byte: {exc.__class__.__name__}") \
-                from exc
-        if phase is Phase.PROBE:
-            raise UpstreamReset(f"backend probe failed: {exc.__class__.__name__}: {exc}") from exc
-        raise _after_first_byte(exc, phase, backend) from exc
-
-
-def _after_first_byte(exc: aiohttp.ClientError, phase: Phase, backend: str) -> UpstreamError:
-    name = exc.__class__.__name__
-    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors: the relay's idle-timeout path
-        return UpstreamTimeout(f"backend {backend} timed out mid-response: {name}", eject=True)
-    if phase is Phase.STREAM:
-        return UpstreamReset(f"backend {backend} failed mid-stream: {name}")
-    return UpstreamReset(f"backend {backend} failed while sending its response: {name}")
 
 
 def _close(resp: aiohttp.ClientResponse | None) -> None:
