@@ -54,7 +54,8 @@ async def measure(size: str, requests: int, in_flight: int = 0) -> dict[str, Any
     hot_path.select()  # the script's entry: compiled or source (KAPPA_PURE_PYTHON), before the imports below
     from fleet_config.catalog import default_catalog
     from fleet_config.settings import parse_settings
-    from gateway.backends.backend_set import BackendSet, BackendState
+    from gateway.backends.backend_set import BackendSet
+    from gateway.backends.backend_state import BackendState
     from gateway.routing import RoutingService
     from gateway.telemetry.metrics import Telemetry
     from overhead import make_bodies

@@ -1,6 +1,6 @@
 """One backend as dispatch sees it: static figures, the last scrape of its metrics, its ledger.
 
-The gateway's backend states (`gateway.backends.backend_set.BackendState`) and the simulator's backends
+The gateway's backend states (`gateway.backends.backend_state.BackendState`) and the simulator's backends
 (`sim.simulator`) are both `Target`s, so the pipeline reads the same fields in both. What a
 `Target` knows is what a gateway can know: its config, what vLLM's ``/metrics`` said at
 the last scrape (`BackendMetrics`), and its own ledger — never an engine's live state.

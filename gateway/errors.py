@@ -88,7 +88,7 @@ class UnsupportedMediaType(GatewayError):
 
 
 class NoHealthyBackend(GatewayError):
-    """No healthy backend serves the request's model (`gateway.proxy.routing.RoutingService.plan`)."""
+    """No healthy backend serves the request's model (`gateway.routing.RoutingService.plan`)."""
 
     status = 503
     error_type = "service_unavailable_error"

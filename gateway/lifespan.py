@@ -22,7 +22,8 @@ import aiohttp
 
 import hot_path
 
-from gateway.backends.backend_set import BackendSet, BackendState
+from gateway.backends.backend_set import BackendSet
+from gateway.backends.backend_state import BackendState
 from gateway.replicas.peer_load import PeerLoad
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings

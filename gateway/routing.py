@@ -36,7 +36,8 @@ import orjson
 
 from dispatch import Dispatcher, Plan, RoutableRequest, Ticket
 from fleet_config.settings import Settings
-from gateway.backends.backend_set import BackendSet, BackendState
+from gateway.backends.backend_set import BackendSet
+from gateway.backends.backend_state import BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.backends.index_truth import IndexTruth
 from gateway.telemetry.metrics import Telemetry

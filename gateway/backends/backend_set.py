@@ -16,29 +16,25 @@ exports its metrics in Prometheus' multiprocess mode, which has no ``process_*``
 A restart no scrape saw (one with nothing to compare) is caught from usage instead.
 Each scrape also closes an interval of the backend's prefill times for its κ_crit fit (`gateway.backends.kappa_feed`).
 
-Each backend's state is a `dispatch.Target` (its spec, last scrape and ledger, what the
-routing pipeline reads) plus what only the edge needs: its config entry, health, and the
-measured κ_crit fit.
+Each backend's state is a `gateway.backends.backend_state.BackendState`. The probes' aiohttp
+errors are mapped at the upstream seam (`gateway.backends.upstream_errors.mapped_errors`): any failure,
+timeout or unreadable page is a failed check or scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import aiohttp
 
-from dispatch import BackendMetrics, Target
-from fleet_config.settings import BackendEntry
-from gateway.backends.kappa_feed import PrefillFeed
+from dispatch import BackendMetrics
+from gateway.backends.backend_state import BackendState
 from gateway.backends.scrape import parse_vllm_metrics
+from gateway.backends.upstream_errors import Phase, mapped_errors
+from gateway.errors import UpstreamError
 from gateway.telemetry.metrics import Telemetry
-from router.cost import BackendSpec
-from router.kappa_fit import KappaCritFit
-from router.profiles import GB
 
 log = logging.getLogger("kappa_gateway.pool")
 
@@ -46,33 +42,6 @@ PROBE_TIMEOUT_S = 2.0
 # An extra scrape (`BackendSet.scrape_soon`) at most this often per backend: 5/s, each ~15 ms of
 # CPU on each side (rendering and parsing ~30 kB of exposition text).
 EXTRA_SCRAPE_MIN_GAP_S = 0.2
-
-
-@dataclass(eq=False)
-class BackendState(Target):
-    """Everything the gateway knows about one backend. Mutated only by the backend set and tickets.
-
-    Build it with `BackendState.of` (from a config entry and its spec).
-    """
-
-    entry: BackendEntry = field(kw_only=True)
-    healthy: bool = field(default=False, kw_only=True)
-    model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
-    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit (router.kappa_fit)
-    prefill_feed: PrefillFeed = field(default_factory=PrefillFeed, kw_only=True, repr=False)  # its samples
-    scrape_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True, repr=False)  # one scrape at a time
-    last_scrape_s: float = field(default=-math.inf, kw_only=True)  # loop time the last scrape began
-    ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
-    down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
-
-    def __post_init__(self) -> None:
-        self.kappa_fit = KappaCritFit(self.spec)
-
-    @classmethod
-    def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:
-        """The state of a configured backend (its host tier and KV block override from ``entry``)."""
-        return cls(entry.id, spec, host_tier_bytes=entry.host_tier_gb * GB,
-                   num_gpu_blocks_override=entry.num_gpu_blocks_override, entry=entry, healthy=healthy)
 
 
 class BackendSet:
@@ -185,12 +154,13 @@ class BackendSet:
 
     async def _probe(self, state: BackendState) -> None:
         try:
-            async with self._session.get(f"{state.entry.url}/health",
-                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-                ok = resp.status == 200
-            if ok and not state.model_checked:
-                ok = await self._serves_configured_model(state)
-        except (aiohttp.ClientError, TimeoutError):
+            with mapped_errors(Phase.PROBE):
+                async with self._session.get(f"{state.entry.url}/health",
+                                             timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                    ok = resp.status == 200
+                if ok and not state.model_checked:
+                    ok = await self._serves_configured_model(state)
+        except (UpstreamError, TimeoutError):
             ok = False
         if ok and state.ejected_until_s > asyncio.get_running_loop().time():
             return  # still cooling down after an outlier ejection
@@ -203,8 +173,8 @@ class BackendSet:
     async def _serves_configured_model(self, state: BackendState) -> bool:
         """GET /v1/models once: a backend that lists other models only stays out of rotation.
 
-        A backend without the route (404) cannot be checked and is trusted. Raises aiohttp or
-        timeout errors to the caller (the probe counts them as a failed check).
+        A backend without the route (404) cannot be checked and is trusted. Its aiohttp and
+        timeout errors are the caller's (`_probe` maps them and counts them as a failed check).
         """
         async with self._session.get(f"{state.entry.url}/v1/models",
                                      timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
@@ -233,12 +203,13 @@ class BackendSet:
 
     async def _scrape_locked(self, state: BackendState) -> None:
         try:
-            async with self._session.get(f"{state.entry.url}/metrics",
-                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-                if resp.status != 200:
-                    return
-                metrics = parse_vllm_metrics(await resp.text())
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            with mapped_errors(Phase.PROBE):
+                async with self._session.get(f"{state.entry.url}/metrics",
+                                             timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                    if resp.status != 200:
+                        return
+                    metrics = parse_vllm_metrics(await resp.text())
+        except (UpstreamError, TimeoutError, ValueError) as exc:
             log.debug("scrape of %s failed: %s", state.id, exc)
             return
         previous = state.metrics

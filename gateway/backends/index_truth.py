@@ -9,9 +9,8 @@ reason}``, one warning per holder and reason, later ones at debug level):
 * ``kv-pool-backends-restarted``: every backend sharing the KV pool restarted within
   `KV_POOL_RESTART_WINDOW_S` of each other. The gateway cannot scrape the pool itself; a
   fleet that restarts as one (``kappa-gateway mock-fleet`` runs its mocks and their pool in
-  one process) has restarted its pool with it, so the pool's entries are forgotten too.
-  After such a restart a 35k-token request was priced as a pool load (κ_ratio 308.9) while
-  the backend reported 0 cached tokens.
+  one process) has restarted its pool with it, so the pool's entries are forgotten too
+  (kept, they price requests as pool loads of prefixes the pool no longer holds).
 * ``cached-tokens-shortfall``: answers keep reporting far fewer ``cached_tokens`` than the
   index credited (`dispatch.evidence`): a backend emptied by ``POST /reset_prefix_cache``
   (vLLM's counters do not move then), restarted between two scrapes with nothing to tell,
@@ -29,7 +28,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatch import Dispatcher, Plan
-from gateway.backends.backend_set import BackendSet, BackendState
+from gateway.backends.backend_set import BackendSet
+from gateway.backends.backend_state import BackendState
 from gateway.telemetry.metrics import Telemetry
 from prefix_index import KV_POOL_ID
 from router.types import Candidate

@@ -5,9 +5,7 @@
 each request finishes; the gateway scrapes it every ``scrape_interval_s``, and the growth of its
 sum between two scrapes is the summed prefill time of the requests that finished in between.
 Timing prefills at the gateway instead would add the network, the backend's tokenisation
-(which grows with the prompt) and, on a busy host, event-loop delays of tens of milliseconds:
-on the demo fleet (four time-scaled mocks in one process) a third of first tokens reached the
-gateway more than 10 ms late.
+(which grows with the prompt) and, on a busy host, the event loop's delays.
 
 **An interval counts** (becomes a `router.kappa_fit.PrefillInterval`) when:
 
@@ -15,8 +13,7 @@ gateway more than 10 ms late.
   completed there since the interval began (its count minus ours is unchanged): no other
   client's request, no restart. A request whose end is on its way at a scrape (counted by the engine,
   not yet by the gateway, or the other way round) keeps the interval open until the counts
-  agree again, at most `MAX_MERGED_SCRAPES` scrapes, and the merged interval is one sample
-  (before, it spoiled two);
+  agree again, at most `MAX_MERGED_SCRAPES` scrapes, and the merged interval is one sample;
 - no request of this gateway's there ended otherwise in between (client gone, upstream failure);
 - each of those requests can be predicted: it completed with ``usage`` (a stream: with
   ``stream_options.include_usage``) whose ``cached_tokens``
@@ -38,23 +35,20 @@ gateway more than 10 ms late.
 Streamed or not makes no difference: the engine times the prefill either way. A backend
 that does not export the histogram gets no measured κ_crit. When a request that spoils its
 interval ends, and when a load-bound one (the scarce kind) ends, the backend is scraped at
-once, or when 0.2 s have passed since its last scrape began
-(`gateway.backends.backend_set.BackendSet.scrape_soon`): fewer requests share an interval with either. On
-the demo's traffic that is about one extra scrape per backend every 3 s (BENCHMARKS.md).
+once, or as soon as `gateway.backends.backend_set.EXTRA_SCRAPE_MIN_GAP_S` has passed since its
+last scrape began (`gateway.backends.backend_set.BackendSet.scrape_soon`): fewer requests share
+an interval with either.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from router.kappa_fit import PrefillInterval, PrefillPrediction
-
-if TYPE_CHECKING:
-    from gateway.backends.backend_set import BackendState
-    from router.cost import BackendSpec
-    from router.types import Candidate
+from router.cost import BackendSpec
+from router.kappa_fit import KappaCritFit, PrefillInterval, PrefillPrediction
+from router.types import Candidate
 
 CACHED_TOKENS_TOLERANCE = 128  # tokens: two index blocks of rounding (64-token blocks vs vLLM's 16)
 CACHED_TOKENS_TOLERANCE_RATIO = 0.02  # of the prompt: the bytes-per-token estimate's own error
@@ -187,9 +181,10 @@ class PrefillFeed:
         return PrefillInterval(sum_s - last[1], tuple(p for p in pending if p is not None))
 
 
-def prediction(state: BackendState, candidate: Candidate, timing: DispatchTiming,
+def prediction(spec: BackendSpec, candidate: Candidate, timing: DispatchTiming,
                usage: dict[str, Any] | None) -> PrefillPrediction | None:
-    """The profile's prediction for a completed request, or None when it does not count (module docstring)."""
+    """The profile's prediction for a request that completed on the backend of ``spec``, or None
+    when it does not count (module docstring)."""
     if not usage:
         return None
     prompt = usage.get("prompt_tokens")
@@ -197,7 +192,7 @@ def prediction(state: BackendState, candidate: Candidate, timing: DispatchTiming
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if not isinstance(prompt, int) or not isinstance(cached, int) or not 0 <= cached < prompt:
         return None
-    if not timing.prefilled_alone(prompt - cached, single_step_tokens(state.spec)):
+    if not timing.prefilled_alone(prompt - cached, single_step_tokens(spec)):
         return None
     estimated = candidate.cached_tokens
     if abs(estimated - cached) > max(CACHED_TOKENS_TOLERANCE, CACHED_TOKENS_TOLERANCE_RATIO * prompt):
@@ -205,17 +200,16 @@ def prediction(state: BackendState, candidate: Candidate, timing: DispatchTiming
     scale = cached / estimated if estimated else 0.0
     host = candidate.cached_host_tokens * scale
     kv_pool = candidate.cached_kv_pool_tokens * scale
-    if kv_pool and not state.spec.kv_pool_link_bytes_per_s:
+    if kv_pool and not spec.kv_pool_link_bytes_per_s:
         return None
-    return PrefillPrediction.of(state.spec, cached_hbm_tokens=cached - host - kv_pool, cached_host_tokens=host,
+    return PrefillPrediction.of(spec, cached_hbm_tokens=cached - host - kv_pool, cached_host_tokens=host,
                                 cached_kv_pool_tokens=kv_pool, uncached_prompt_tokens=prompt - cached)
 
 
-def measured_fields(state: BackendState) -> dict[str, Any]:
-    """The measured κ_crit as ``/v1/kappa/backends`` shows it: ``kappa_crit_linear_measured``
+def measured_fields(fit: KappaCritFit) -> dict[str, Any]:
+    """A backend's measured κ_crit as ``/v1/kappa/backends`` shows it: ``kappa_crit_linear_measured``
     (null until measured), ``kappa_crit_linear_measured_ci`` ([low, high], 95%) and
     ``kappa_fit`` (intervals and requests fitted, u, v, w: `router.kappa_fit.KappaCritMeasurement`)."""
-    fit = state.kappa_fit
     m = fit.measurement()
     if m is None:
         return {"kappa_crit_linear_measured": None, "kappa_crit_linear_measured_ci": None,

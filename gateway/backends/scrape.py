@@ -5,11 +5,10 @@ Samples are matched by their own names (counters end in ``_total``), whatever th
 headers say. Series are summed over the ``engine`` label (a data-parallel server exports one per engine).
 
 Only the lines of the samples read here go to prometheus-client's parser (`SAMPLES_READ`; comment
-lines are dropped, so their families parse as untyped, which leaves sample names as they are).
-A vLLM page is ~30 KB and ~330 lines, most of them histogram buckets: the parser took ~6 ms
-for all of it, ~0.4 ms with only the ~20 lines read (`bench/scrape_parse.py`), and every gateway
-worker scrapes every backend each ``scrape_interval_s`` (8 backends at 1 s: ~4.7% of a core per
-worker before). An error page is a failed scrape, never an engine whose counters read zero
+lines are dropped, so their families parse as untyped, which leaves sample names as they are):
+most of a vLLM page is histogram buckets the gateway does not read, and every gateway worker
+scrapes every backend each ``scrape_interval_s`` (the cost is measured by `bench/scrape_parse.py`,
+BENCHMARKS.md). An error page is a failed scrape, never an engine whose counters read zero
 (which `gateway.backends.backend_set` would take for a restart): a line that cannot be a sample (it starts
 with neither a metric name nor ``#``: HTML, JSON) still goes to the parser, which refuses it, and
 a page without any ``vllm:`` sample read here (empty, comments only, only

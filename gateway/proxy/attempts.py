@@ -35,7 +35,7 @@ from multidict import CIMultiDict
 from starlette.requests import Request
 
 from dispatch import Plan, Ticket
-from gateway.backends.backend_set import BackendState
+from gateway.backends.backend_state import BackendState
 from gateway.edge.scope import CLIENT_GONE
 from gateway.errors import (
     ClientGone,

@@ -27,14 +27,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import suppress
 
-import aiohttp
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from dispatch import Plan
+from gateway.backends.upstream_errors import Phase, mapped_errors
 from gateway.proxy.attempts import ClientWatch, FirstByte
 from gateway.edge.scope import CLIENT_GONE
-from gateway.errors import ClientGone, ShuttingDown, UpstreamReset, UpstreamTimeout
+from gateway.errors import ClientGone, ShuttingDown, UpstreamError, UpstreamReset, UpstreamTimeout
 from gateway.backends.kappa_feed import prediction
 from gateway.proxy.sse import SseObserver, error_tail, usage_from_body
 from gateway.state import GatewayState
@@ -83,7 +83,8 @@ class Relay:
                         outcome = "ok"
                 try:
                     async with asyncio.timeout(idle_s):
-                        chunk = await resp.content.readany()
+                        with mapped_errors(Phase.STREAM, backend):
+                            chunk = await resp.content.readany()
                 except _Stopped:
                     if obs.done:  # complete: nothing to cut short
                         break
@@ -91,7 +92,7 @@ class Relay:
                     yield error_tail("The gateway is shutting down; the response was cut short.",
                                      ShuttingDown.error_type, ShuttingDown.status)
                     return
-                except (aiohttp.ClientError, TimeoutError) as exc:
+                except (UpstreamError, TimeoutError) as exc:  # TimeoutError: the idle timeout's or aiohttp's
                     if obs.done:  # the stream was complete: an unclean close after [DONE] adds nothing
                         break
                     outcome = self._failed_mid_stream(exc, idle_s)
@@ -99,8 +100,7 @@ class Relay:
                         yield error_tail(f"backend {backend} sent nothing for {idle_s:g}s (the idle timeout)",
                                          UpstreamTimeout.error_type, UpstreamTimeout.status)
                     else:
-                        yield error_tail(f"backend {backend} failed mid-stream: {exc.__class__.__name__}",
-                                         UpstreamReset.error_type, UpstreamReset.status)
+                        yield error_tail(exc.message, UpstreamReset.error_type, UpstreamReset.status)
                     return
                 if not chunk:
                     rest = obs.flush()
@@ -113,14 +113,14 @@ class Relay:
             gw.streams.discard(self)
             self.settle(outcome)
 
-    def _failed_mid_stream(self, exc: BaseException, idle_s: float) -> str:
+    def _failed_mid_stream(self, exc: UpstreamError | TimeoutError, idle_s: float) -> str:
         gw, state = self.gw, self.sent.state
         if isinstance(exc, TimeoutError):
             gw.telemetry.upstream_failures.labels(state.id, "idle-timeout").inc()
             gw.backends.eject(state, f"silent for {idle_s:g}s mid-stream")
             return "upstream_timeout"
         gw.telemetry.upstream_failures.labels(state.id, "mid-stream").inc()
-        log.warning("backend %s failed mid-stream: %r", state.id, exc)
+        log.warning("backend %s failed mid-stream: %r", state.id, exc.__cause__ or exc)
         return "upstream_error"
 
     async def body(self, watch: ClientWatch) -> bytes:
@@ -164,19 +164,19 @@ class Relay:
         try:
             while True:
                 async with asyncio.timeout(idle_s):
-                    chunk = await resp.content.readany()
+                    with mapped_errors(Phase.BODY, state.id):
+                        chunk = await resp.content.readany()
                 if not chunk:
                     return b"".join(chunks)
                 chunks.append(chunk)
-        except TimeoutError as exc:
+        except TimeoutError as exc:  # the idle timeout's, or aiohttp's read timeout (mapped: UpstreamTimeout)
             gw.telemetry.upstream_failures.labels(state.id, "idle-timeout").inc()
             gw.backends.eject(state, f"silent for {idle_s:g}s mid-body")
             raise UpstreamTimeout(f"backend {state.id} sent nothing for {idle_s:g}s mid-body (the idle timeout)",
                                   eject=True) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamReset:  # from mapped_errors
             gw.telemetry.upstream_failures.labels(state.id, "mid-stream").inc()
-            raise UpstreamReset(f"backend {state.id} failed while sending its response: {exc.__class__.__name__}") \
-                from exc
+            raise
 
     def _body_read(self, body: bytes) -> bytes:
         status = self.sent.resp.status
@@ -272,7 +272,7 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
     series.response_headers[timing.stream].observe(timing.headers_s - obs.start_s)
     if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
         series.ttft.observe(obs.ttft_s)
-    if state.prefill_feed.completed_request(prediction(state, c, timing, obs.usage)):
+    if state.prefill_feed.completed_request(prediction(state.spec, c, timing, obs.usage)):
         gw.backends.scrape_soon(state)
     for gap in obs.itl_s:
         series.itl.observe(gap)

@@ -1,5 +1,4 @@
-"""Talking to backends: the session, the headers that go up and come down, one attempt's
-opening with aiohttp's errors mapped once (STYLE.md B6).
+"""Talking to backends: the session, the headers that go up and come down, one attempt's opening.
 
 The data-plane client is aiohttp: vLLM's production-stack router moved to it from httpx
 for throughput (vllm-project/production-stack#569); its connection limit is set from the
@@ -8,7 +7,8 @@ decompressed (``auto_decompress=False``) so bytes pass to the client unchanged.
 
 Everything up to and including the first body bytes is "before the first byte": a failure
 there raises an `UpstreamError` whose ``retry_kind`` says whether the retry policy may send
-the request elsewhere.
+the request elsewhere. aiohttp's errors become those in one place, the backends' room
+(`gateway.backends.upstream_errors.mapped_errors`, STYLE.md B6), which the health checks use too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import aiohttp
 from multidict import CIMultiDict
 
-from gateway.errors import UpstreamError, UpstreamReset, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from gateway.backends.upstream_errors import Phase, mapped_errors
+from gateway.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
 from gateway.edge.request_ids import attempt_suffix
 
 # RFC 9110 §7.6.1 connection-specific headers, plus ones the proxy recomputes. `Expect`: the
@@ -115,24 +116,24 @@ async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, h
     resp: aiohttp.ClientResponse | None = None
     bound, what = headers_bound, "response headers"
     try:
-        async with asyncio.timeout(bound.seconds):
-            resp = await session.post(url, data=body, headers=headers)
-            headers_s = clock()
-            if resp.status >= 500:
-                detail = (await resp.content.read(_MAX_ERROR_BODY_BYTES)).decode("utf-8", "replace")
-                resp.release()
-                raise UpstreamStatus(f"backend answered {resp.status}: {detail[:300]}", upstream_status=resp.status)
-        bound, what = first_byte_bound, "first byte"
-        async with asyncio.timeout(bound.seconds):
-            first = await resp.content.readany()
+        with mapped_errors(Phase.OPENING):
+            async with asyncio.timeout(bound.seconds):
+                resp = await session.post(url, data=body, headers=headers)
+                headers_s = clock()
+                if resp.status >= 500:
+                    detail = (await resp.content.read(_MAX_ERROR_BODY_BYTES)).decode("utf-8", "replace")
+                    resp.release()
+                    raise UpstreamStatus(f"backend answered {resp.status}: {detail[:300]}",
+                                         upstream_status=resp.status)
+            bound, what = first_byte_bound, "first byte"
+            async with asyncio.timeout(bound.seconds):
+                first = await resp.content.readany()
         return resp, first, headers_s
-    except UpstreamError:
-        raise
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-        raise UpstreamUnavailable(f"backend unreachable: {exc.__class__.__name__}: {exc}") from exc
-    except aiohttp.ClientError as exc:
+    except UpstreamStatus:
+        raise  # its connection went back to the pool
+    except UpstreamError:  # from mapped_errors: no connection (resp is None), or it dropped
         _close(resp)
-        raise UpstreamReset(f"backend closed the connection before the first byte: {exc.__class__.__name__}") from exc
+        raise
     except TimeoutError as exc:
         _close(resp)
         kind = "the idle timeout" if bound.idle else "the request's deadline"

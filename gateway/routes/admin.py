@@ -104,7 +104,7 @@ async def backends(gw: State) -> dict:
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
             "labels": s.entry.labels, "healthy": s.healthy,
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
-            "kappa_crit_linear": spec.kappa_crit_linear, **measured_fields(s),
+            "kappa_crit_linear": spec.kappa_crit_linear, **measured_fields(s.kappa_fit),
             "kappa_crit_reference": kappa_crit_reference(spec),
             "kappa_hw": spec.kappa_hw,
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),

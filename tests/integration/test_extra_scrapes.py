@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from fleet_config import default_catalog
 from fleet_config.settings import parse_settings
-from gateway.backends.backend_set import EXTRA_SCRAPE_MIN_GAP_S, BackendSet, BackendState
+from gateway.backends.backend_set import EXTRA_SCRAPE_MIN_GAP_S, BackendSet
+from gateway.backends.backend_state import BackendState
 from gateway.telemetry.metrics import Telemetry
 from tests.integration.gateway_support import backend_doc
 

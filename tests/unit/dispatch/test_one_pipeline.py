@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from dispatch import BackendMetrics
 from fleet_config import CONFIG_DIR, KvPoolSection, default_catalog, load_settings
-from gateway.backends.backend_set import BackendSet, BackendState
+from gateway.backends.backend_set import BackendSet
+from gateway.backends.backend_state import BackendState
 from gateway.routing import RoutingService
 from gateway.telemetry.metrics import Telemetry
 from mock_vllm.app_factory import engine_config

@@ -10,7 +10,8 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from fleet_config import Settings, default_catalog
-from gateway.backends.backend_set import BackendSet, BackendState
+from gateway.backends.backend_set import BackendSet
+from gateway.backends.backend_state import BackendState
 from gateway.routing import RoutingService
 from gateway.telemetry.metrics import Telemetry
 from prefix_index import MemoryPrefixIndex, PrefixIndex

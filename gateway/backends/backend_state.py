@@ -1,0 +1,47 @@
+"""One backend's state as the gateway keeps it: a `dispatch.Target` plus what only the edge needs.
+
+The `dispatch.Target` part (its spec, last scrape and ledger) is what the routing pipeline
+reads; the rest is the edge's: its config entry, health, the outlier cool-down, and its
+measured κ_crit fit with the requests that feed it (`gateway.backends.kappa_feed`). The backend
+set (`gateway.backends.backend_set`) and the tickets are the only writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+from dispatch import Target
+from fleet_config.settings import BackendEntry
+from gateway.backends.kappa_feed import PrefillFeed
+from router.cost import BackendSpec
+from router.kappa_fit import KappaCritFit
+from router.profiles import GB
+
+
+@dataclass(eq=False)
+class BackendState(Target):
+    """Everything the gateway knows about one backend. Mutated only by the backend set and tickets.
+
+    Build it with `BackendState.of` (from a config entry and its spec).
+    """
+
+    entry: BackendEntry = field(kw_only=True)
+    healthy: bool = field(default=False, kw_only=True)
+    model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
+    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit (router.kappa_fit)
+    prefill_feed: PrefillFeed = field(default_factory=PrefillFeed, kw_only=True, repr=False)  # its samples
+    scrape_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True, repr=False)  # one scrape at a time
+    last_scrape_s: float = field(default=-math.inf, kw_only=True)  # loop time the last scrape began
+    ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
+    down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        self.kappa_fit = KappaCritFit(self.spec)
+
+    @classmethod
+    def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:
+        """The state of a configured backend (its host tier and KV block override from ``entry``)."""
+        return cls(entry.id, spec, host_tier_bytes=entry.host_tier_gb * GB,
+                   num_gpu_blocks_override=entry.num_gpu_blocks_override, entry=entry, healthy=healthy)
