@@ -29,7 +29,7 @@ from gateway.routing import RoutingService
 from fleet_config.settings import Settings
 from gateway.state import GatewayState
 from gateway.telemetry.metrics import REFRESH_INTERVAL_S, Telemetry
-from gateway.proxy.upstream import make_session
+from gateway.upstream.request import make_session
 from prefix_index import BreakerIndex, CircuitBreaker, MemoryPrefixIndex, PrefixIndex, PrefixIndexError
 from prefix_index.redis_connect import RedisConnection, connect, redact_url
 from prefix_index.redis_index import RedisPrefixIndex

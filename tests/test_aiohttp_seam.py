@@ -1,6 +1,6 @@
 """aiohttp's errors are mapped to the gateway's in one module, the upstream seam (issue 24).
 
-`gateway.backends.upstream_errors.mapped_errors` is the only place of the edge that names an aiohttp
+`gateway.upstream.errors.mapped_errors` is the only place of the edge that names an aiohttp
 exception class in an ``except`` clause; the relay, the attempts and the health checks catch
 the gateway's own errors (`gateway.errors`). The command room (gateway/commands/) is a set of
 tools with aiohttp clients of their own and is not checked. Checked on the source (AST).
@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 
 from gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnavailable
-from gateway.backends.upstream_errors import Phase, mapped_errors
+from gateway.upstream.errors import Phase, mapped_errors
 
 ROOT = Path(__file__).resolve().parents[1]
-SEAM = "gateway/backends/upstream_errors.py"
+SEAM = "gateway/upstream/errors.py"
 NOT_CHECKED = ("gateway/commands/",)
 
 

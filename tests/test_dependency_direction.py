@@ -129,17 +129,18 @@ GATEWAY_ROOMS: dict[str, set[str]] = {
     "errors": set(),                      # the GatewayError tree and its OpenAI body
     "telemetry": set(),                   # prometheus metrics on an injected registry
     "edge": {"errors"},                   # HTTP hygiene: answers, auth, admission, body, request ids, access log
-    "backends": {"errors", "telemetry"},  # health, scrape, the kappa_crit feed, index truth
+    "upstream": {"errors", "edge"},       # the aiohttp session, one attempt's request, aiohttp's errors mapped once
+    "backends": {"errors", "telemetry", "upstream"},  # health, scrape, the kappa_crit feed, index truth
     "replicas": {"errors", "telemetry"},  # the load exchange between gateway replicas
     "routing": {"errors", "telemetry", "backends"},  # a body parsed, hashed and sent through dispatch
     "state": {"edge", "telemetry", "backends", "routing", "replicas"},  # what the lifespan opens
-    "proxy": {"errors", "edge", "telemetry", "backends", "routing", "state"},  # attempts, upstream, relay, SSE
+    "proxy": {"errors", "edge", "telemetry", "backends", "routing", "state", "upstream"},  # handler, attempts, relay, SSE
     "routes": {"errors", "edge", "backends", "routing", "state", "proxy"},  # the HTTP surface
     "serving": {"errors", "edge", "telemetry"},  # uvicorn, connections, the --workers supervisor
-    "lifespan": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy"},
-    "app": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy", "routes",
+    "lifespan": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy", "upstream"},
+    "app": {"errors", "telemetry", "edge", "upstream", "backends", "replicas", "routing", "state", "proxy", "routes",
             "lifespan"},
-    "commands": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy", "routes",
+    "commands": {"errors", "telemetry", "edge", "upstream", "backends", "replicas", "routing", "state", "proxy", "routes",
                  "lifespan", "app", "serving"},  # the tool room: everything
     "__main__": {"commands"},
 }

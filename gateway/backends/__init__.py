@@ -1,2 +1,1 @@
-"""The backends: their state, health checks, vLLM metrics scraping, aiohttp's errors mapped once, the κ_crit feed,
-keeping the index true."""
+"""The backends: their state, health checks, vLLM metrics scraping, the κ_crit feed, keeping the index true."""

@@ -17,7 +17,7 @@ A restart no scrape saw (one with nothing to compare) is caught from usage inste
 Each scrape also closes an interval of the backend's prefill times for its κ_crit fit (`gateway.backends.kappa_feed`).
 
 Each backend's state is a `gateway.backends.backend_state.BackendState`. The probes' aiohttp
-errors are mapped at the upstream seam (`gateway.backends.upstream_errors.mapped_errors`): any failure,
+errors are mapped at the upstream seam (`gateway.upstream.errors.mapped_errors`): any failure,
 timeout or unreadable page is a failed check or scrape.
 """
 
@@ -32,7 +32,7 @@ import aiohttp
 from dispatch import BackendMetrics
 from gateway.backends.backend_state import BackendState
 from gateway.backends.scrape import parse_vllm_metrics
-from gateway.backends.upstream_errors import Phase, mapped_errors
+from gateway.upstream.errors import Phase, mapped_errors
 from gateway.errors import UpstreamError
 from gateway.telemetry.metrics import Telemetry
 

@@ -2,7 +2,7 @@
 
 The gateway names every request it serves (when the client's ``X-Request-Id`` is not a safe
 token, `gateway.proxy.handler.request_id_of`) and every upstream attempt
-(`gateway.proxy.upstream`). Those ids must be unique — vLLM rejects or confuses two requests
+(`gateway.upstream.request`). Those ids must be unique — vLLM rejects or confuses two requests
 in flight under one id — but they are not secrets: they are echoed to the client and logged.
 ``uuid4()`` and ``secrets.token_hex`` read the kernel's random source on every call, a
 system call per id that shows in the gateway's CPU profile under load (measured in

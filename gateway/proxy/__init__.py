@@ -1,1 +1,1 @@
-"""The proxy path: attempts for a first byte, the upstream seam, the relay and SSE."""
+"""The proxy path: the handler, attempts for a first byte, the relay and SSE."""

@@ -5,7 +5,7 @@ As Envoy's router does (``retry_on``, ``num_retries``, ``per_try_timeout``, the 
 
 - **One deadline.** ``upstream_first_byte_timeout_s`` runs from the gateway's receipt of the
   request over every attempt; ``upstream_per_try_timeout_s`` optionally caps each one.
-- **Phases of an attempt** (`gateway.proxy.upstream.open_response`): a streamed request's headers
+- **Phases of an attempt** (`gateway.upstream.request.open_response`): a streamed request's headers
   come at once from vLLM, so they are bounded by the idle timeout and its first event by the
   deadline (the queue and the prefill); a non-streamed answer comes whole after the
   generation, so its headers are bounded by the deadline and its first bytes by the idle
@@ -19,7 +19,7 @@ As Envoy's router does (``retry_on``, ``num_retries``, ``per_try_timeout``, the 
 - **Retries** go to the next backend of the ranking when the failure's kind is in
   ``retry.retry_on`` (default connect failures, resets and 5xx, not timeouts), at most
   ``retry.max_retries`` times, never for a body over ``retry.max_body_bytes``.
-- **Each attempt has its own X-Request-Id** (`gateway.proxy.upstream.attempt_request_id`).
+- **Each attempt has its own X-Request-Id** (`gateway.upstream.request.attempt_request_id`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from gateway.errors import (
 )
 from gateway.backends.kappa_feed import DispatchTiming
 from gateway.state import GatewayState
-from gateway.proxy.upstream import Bound, attempt_request_id, open_response
+from gateway.upstream.request import Bound, attempt_request_id, open_response
 from router.types import Candidate
 
 log = logging.getLogger("kappa_gateway.proxy")

@@ -30,7 +30,7 @@ from gateway.proxy.relay import Relay, RelayedStream
 from gateway.edge.request_ids import new_request_id
 from gateway.routing import Kind
 from gateway.state import GatewayState
-from gateway.proxy.upstream import forward_headers, response_headers
+from gateway.upstream.request import forward_headers, response_headers
 from router.types import Candidate
 
 UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}

@@ -31,7 +31,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from dispatch import Plan
-from gateway.backends.upstream_errors import Phase, mapped_errors
+from gateway.upstream.errors import Phase, mapped_errors
 from gateway.proxy.attempts import ClientWatch, FirstByte
 from gateway.edge.scope import CLIENT_GONE
 from gateway.errors import ClientGone, ShuttingDown, UpstreamError, UpstreamReset, UpstreamTimeout

@@ -8,7 +8,7 @@ decompressed (``auto_decompress=False``) so bytes pass to the client unchanged.
 Everything up to and including the first body bytes is "before the first byte": a failure
 there raises an `UpstreamError` whose ``retry_kind`` says whether the retry policy may send
 the request elsewhere. aiohttp's errors become those in one place, the backends' room
-(`gateway.backends.upstream_errors.mapped_errors`, STYLE.md B6), which the health checks use too.
+(`gateway.upstream.errors.mapped_errors`, STYLE.md B6), which the health checks use too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import aiohttp
 from multidict import CIMultiDict
 
-from gateway.backends.upstream_errors import Phase, mapped_errors
-from gateway.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
 from gateway.edge.request_ids import attempt_suffix
+from gateway.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
+from gateway.upstream.errors import Phase, mapped_errors
 
 # RFC 9110 §7.6.1 connection-specific headers, plus ones the proxy recomputes. `Expect`: the
 # gateway already holds the whole body, so a `100-continue` would only make an upstream that

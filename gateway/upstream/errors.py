@@ -3,7 +3,7 @@
 The one module of the edge that names aiohttp's exception classes (tests/test_aiohttp_seam.py
 keeps it so). `mapped_errors` has the shape of httpx's ``map_httpcore_exceptions``
 (httpx/_transports/default.py): one context manager, used around opening an attempt
-(`gateway.proxy.upstream.open_response`), inside each read of a response after its first
+(`gateway.upstream.request.open_response`), inside each read of a response after its first
 bytes (`gateway.proxy.relay`), and around the health checks and scrapes
 (`gateway.backends.backend_set`). The phase decides the error: before the first byte its kind
 decides whether the retry policy may send the request elsewhere (``UpstreamError.retry_kind``);
