@@ -39,8 +39,8 @@ from gateway.telemetry.metrics import Telemetry
 log = logging.getLogger("kappa_gateway.pool")
 
 PROBE_TIMEOUT_S = 2.0
-# An extra scrape (`BackendSet.scrape_soon`) at most this often per backend: 5/s, each ~15 ms of
-# CPU on each side (rendering and parsing ~30 kB of exposition text).
+# An extra scrape (`BackendSet.scrape_soon`) at most this often per backend: 5/s, each costing the
+# backend a render of its whole exposition page and the gateway a parse (BENCHMARKS.md, "Scraping a backend").
 EXTRA_SCRAPE_MIN_GAP_S = 0.2
 
 
