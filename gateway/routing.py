@@ -41,6 +41,7 @@ from gateway.backends.backend_state import BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.backends.index_truth import IndexTruth
 from gateway.telemetry.metrics import Telemetry
+from gateway.telemetry.outage import OutageLog
 from prefix_index import (
     CanonicalizationError,
     IndexCircuitOpen,
@@ -65,11 +66,6 @@ Kind = Literal["chat", "completion"]
 # KV the gateway charges for the output of a request that sets no max_tokens (vLLM would
 # fill the context; most clients stop far earlier): an estimate, named as one.
 DEFAULT_MAX_TOKENS_ESTIMATE = 256
-# The index's outages are logged as one "unavailable" line and one "reachable again" line, the
-# latter only once the index has answered every match for this long: an overloaded Redis fails
-# and answers by turns, and each turn must not cost two lines (gateway_index_errors_total counts
-# every failure), while the last line logged must say whether the index works now.
-INDEX_RECOVERY_STABLE_S = 5.0
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -129,9 +125,12 @@ class RoutingService:
         self.dispatcher = Dispatcher(index, policy, rng, calibration, block_size_bytes=self.block_bytes,
                                      kv_pool_bytes=kv_pool_bytes, hooks=self, clock=clock, gather=asyncio.gather)
         self.index_truth = IndexTruth(self.dispatcher, backends, telemetry, clock, kv_pool=kv_pool_bytes is not None)
-        self._index_degraded = False  # an "unavailable" line stands, not yet followed by "reachable again"
-        self._answering_since_s: float | None = None  # clock() of the first match answered since the last failure
-        self._errors_since_warning = 0
+        # The index's outages: one "unavailable" line, one "reachable again" (gateway_index_errors_total
+        # counts every failure).
+        self._index_outage = OutageLog(
+            log, unavailable="prefix index unavailable ({detail}): routing without prefix matches until it recovers",
+            recovered="prefix index reachable again: prefix-aware routing resumed", clock=clock,
+            errors_noun="index errors")
         self._decision_seconds = telemetry.decision_seconds.labels(policy.name)
         self._load_only = {NestingTooDeep.reason: telemetry.load_only_requests.labels(NestingTooDeep.reason)}
         self._index_seconds = {op: telemetry.index_seconds.labels(op) for op in ("match", "record", "forget")}
@@ -275,7 +274,7 @@ class RoutingService:
     def index_answered(self, op: str, seconds: float) -> None:
         self._index_seconds[op].observe(seconds)
         if op == "match":
-            self._recovered()
+            self._index_outage.answered()
 
     def index_failed(self, op: str, exc: PrefixIndexError) -> None:
         if isinstance(exc, IndexCircuitOpen):  # not sent: the breaker is open (its outage was counted and warned)
@@ -284,29 +283,9 @@ class RoutingService:
         self._degraded(op, exc)
 
     def _degraded(self, op: str, exc: Exception) -> None:
-        """Count an index failure; warn when an outage starts (``INDEX_RECOVERY_STABLE_S``)."""
+        """Count an index failure; warn when an outage starts (`gateway.telemetry.outage.OutageLog`)."""
         self.telemetry.index_errors.labels(op).inc()
-        self._errors_since_warning += 1
-        self._answering_since_s = None
-        if self._index_degraded:
-            return
-        self._index_degraded = True
-        extra = "" if self._errors_since_warning == 1 else f"; {self._errors_since_warning} index errors since the last warning"
-        log.warning("prefix index unavailable (%s: %s): routing without prefix matches until it recovers%s",
-                    op, exc, extra)
-        self._errors_since_warning = 0
-
-    def _recovered(self) -> None:
-        """A match answered: after ``INDEX_RECOVERY_STABLE_S`` of answers with no failure, say so."""
-        if not self._index_degraded:
-            return
-        now = self.clock()
-        if self._answering_since_s is None:
-            self._answering_since_s = now
-        if now - self._answering_since_s >= INDEX_RECOVERY_STABLE_S:
-            self._index_degraded = False
-            self._answering_since_s = None
-            log.warning("prefix index reachable again: prefix-aware routing resumed")
+        self._index_outage.failed(f"{op}: {exc}")
 
 
 def _sequences(body: dict[str, Any]) -> int:

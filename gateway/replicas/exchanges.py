@@ -24,6 +24,7 @@ from collections.abc import Callable
 from gateway.replicas.readers import Readers
 from gateway.replicas.view import PeerView
 from gateway.replicas.wire import Wire
+from gateway.telemetry.outage import OutageLog
 from prefix_index.redis_batch import Rider
 
 log = logging.getLogger("kappa_gateway.peers")
@@ -42,11 +43,14 @@ class Exchanges:
         view: the figures owed and read.
         readers: the decisions waiting for a read.
         on_error: called once per failed exchange of the request path.
+        outage: logs the outages (one line each way), told of every failure and answer.
     """
 
-    def __init__(self, wire: Wire, view: PeerView, readers: Readers, on_error: Callable[[], None] | None) -> None:
+    def __init__(self, wire: Wire, view: PeerView, readers: Readers, on_error: Callable[[], None] | None,
+                 outage: OutageLog) -> None:
         self.wire, self.view, self.readers = wire, view, readers
         self._on_error = on_error
+        self.outage = outage
         self.errors = 0
         self.carried = False  # the index's batches carry the request path's exchanges
         self.stopped = False
@@ -108,6 +112,7 @@ class Exchanges:
             self.failed(exc)
         else:
             self.read_ok_s = asyncio.get_running_loop().time()
+            self.outage.answered()
             gone = self.view.apply(others, future.result())
             if gone:
                 self.wire.forget_soon(gone)
@@ -145,6 +150,7 @@ class Exchanges:
                 sync.set_exception(exc)
             return
         self.read_ok_s = asyncio.get_running_loop().time()
+        self.outage.answered()
         if sync is not None:
             self.synced_s = self.read_ok_s
             if not sync.done():
@@ -174,6 +180,7 @@ class Exchanges:
         if self._on_error is not None:
             self._on_error()
         log.debug("peer load exchange failed: %r", exc)
+        self.outage.failed(str(exc) or type(exc).__name__)
 
     async def stop(self, wait_s: float) -> None:
         """Start no more exchanges; wait at most ``wait_s`` for the one in flight, then for the

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from dispatch import Target
@@ -51,10 +53,13 @@ from gateway.replicas.figures import replica_id
 from gateway.replicas.readers import Readers
 from gateway.replicas.view import PeerView
 from gateway.replicas.wire import EXCHANGE_TIMEOUT_S, Wire
+from gateway.telemetry.outage import RECOVERY_STABLE_S, OutageLog
 from prefix_index.errors import PrefixIndexError
 from prefix_index.redis_batch import Rider
 from prefix_index.redis_connect import RedisClient
 from prefix_index.redis_defaults import DEFAULT_TIMEOUT_S
+
+log = logging.getLogger("kappa_gateway.peers")
 
 __all__ = ["CARRY_WAIT_S", "DEFAULT_SYNC_INTERVAL_S", "LEASE_INTERVALS", "SYNC_STRETCH_INTERVALS", "PeerLoad"]
 
@@ -77,17 +82,24 @@ class PeerLoad:
             index's timeout).
         on_sync: called after each periodic exchange with the replicas seen (itself included).
         on_error: called once per failed exchange.
+        recovery_stable_s: seconds of answered exchanges before an outage's "reachable again" line
+            (`gateway.telemetry.outage`).
     """
 
     def __init__(self, client: RedisClient, key_prefix: str, targets: Sequence[Target], *,
                  sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S, read_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_sync: Callable[[int], None] | None = None, on_error: Callable[[], None] | None = None) -> None:
+                 on_sync: Callable[[int], None] | None = None, on_error: Callable[[], None] | None = None,
+                 recovery_stable_s: float = RECOVERY_STABLE_S) -> None:
         self.interval_s = sync_interval_s
         lease_ms = max(int(sync_interval_s * LEASE_INTERVALS * 1000), 1000)
         self._wire = Wire(client, key_prefix, replica_id(), lease_ms)
         self._view = PeerView(targets)
         self._readers = Readers(read_timeout_s)
-        self._exchanges = Exchanges(self._wire, self._view, self._readers, on_error)
+        outage = OutageLog(log, clock=time.monotonic, stable_s=recovery_stable_s, errors_noun="exchange errors",
+                           unavailable="replicas' load exchange unavailable ({detail}): routing on the other replicas' "
+                                       "last figures, then on this replica's own load, until it recovers",
+                           recovered="replicas' load exchange reachable again: the replicas' load is shared again")
+        self._exchanges = Exchanges(self._wire, self._view, self._readers, on_error, outage)
         self._on_sync = on_sync
         self._last_ok_s: float | None = None  # loop time since which the others' figures are known fresh
         self._task: asyncio.Task[None] | None = None

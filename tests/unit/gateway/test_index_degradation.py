@@ -15,7 +15,7 @@ import logging
 import pytest
 
 from fleet_config import default_catalog, parse_settings
-from gateway.routing import INDEX_RECOVERY_STABLE_S
+from gateway.telemetry.outage import RECOVERY_STABLE_S as INDEX_RECOVERY_STABLE_S
 from prefix_index import IndexUnavailable, MemoryPrefixIndex
 from tests.unit.gateway.routing_support import routing_service
 
