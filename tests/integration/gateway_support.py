@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import redis
+import redis.asyncio
+from redis.asyncio.connection import Connection
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +21,9 @@ from gateway.serving.server import uvicorn_options
 from fleet_config.catalog import default_catalog
 from gateway.commands.fleet import mock_fleet
 from gateway.commands.processes import free_port
+from dispatch import Target
 from gateway.replicas.peer_load import PeerLoad
+from router.cost import BackendSpec
 from fleet_config.settings import parse_settings
 from mock_vllm.app_factory import build_backend_app, standalone_settings
 from tests.support.fake_upstream import Script, make_app
@@ -133,3 +137,21 @@ async def replicas_met(a: PeerLoad, b: PeerLoad) -> None:
         assert time.monotonic() < deadline, "the replicas did not meet"
         await a.sync()
         await b.sync()
+
+
+@asynccontextmanager
+async def peer_replica(url: str, key_prefix: str, spec: BackendSpec, backends: tuple[str, ...], *,
+                       connection_class: type[Connection] = Connection, **peer_options: Any) -> AsyncIterator[PeerLoad]:
+    """A started `PeerLoad` of ``backends`` on the Redis at ``url`` (its own client, 1 s socket timeouts),
+    stopped and closed on the way out; ``peer_options`` go to `PeerLoad`."""
+    pool = redis.asyncio.ConnectionPool.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
+                                                 connection_class=connection_class)
+    client = redis.asyncio.Redis(connection_pool=pool)
+    peers = PeerLoad(client, key_prefix, [Target(b, spec) for b in backends], **peer_options)
+    peers.start()
+    try:
+        yield peers
+    finally:
+        await peers.stop()
+        await client.aclose()
+        await pool.aclose()

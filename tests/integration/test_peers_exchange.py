@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
 
 import pytest
 import redis.asyncio as redis
 from redis.asyncio.connection import Connection
 
-from dispatch import Target, Ticket
+from dispatch import Ticket
 from fleet_config.catalog import default_catalog
 from gateway.replicas.peer_load import SYNC_STRETCH_INTERVALS, PeerLoad
 from prefix_index.redis_defaults import DEFAULT_TIMEOUT_S
 from router.cost import BackendSpec
-from tests.integration.gateway_support import replicas_met
+from tests.integration.gateway_support import peer_replica, replicas_met
 from tests.support.redis_server import frozen, redis_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(60)]
@@ -39,7 +39,7 @@ class RenewalCountingConnection(Connection):
 
     renewals: ClassVar[dict[str, int]] = {}
 
-    async def send_packed_command(self, command, check_health: bool = True) -> None:  # type: ignore[no-untyped-def]
+    async def send_packed_command(self, command, check_health: bool = True) -> None:
         packed = command if isinstance(command, bytes) else b"".join(command)
         for replica_id in RenewalCountingConnection.renewals:
             if packed.count(replica_id.encode()) >= 2:
@@ -52,7 +52,7 @@ class CountingConnection(Connection):
 
     sends = 0
 
-    async def send_packed_command(self, command, check_health: bool = True) -> None:  # type: ignore[no-untyped-def]
+    async def send_packed_command(self, command, check_health: bool = True) -> None:
         CountingConnection.sends += 1
         await super().send_packed_command(command, check_health)
 
@@ -63,22 +63,11 @@ def server() -> Iterator[tuple[str, object]]:
         yield url, proc
 
 
-@asynccontextmanager
-async def replica(url: str, *, counted: bool = False, read_timeout_s: float = DEFAULT_TIMEOUT_S,
-                  sync_interval_s: float = QUIET_S,
-                  connection_class: type[Connection] | None = None) -> AsyncIterator[PeerLoad]:
-    connection_class = connection_class or (CountingConnection if counted else Connection)
-    pool = redis.ConnectionPool.from_url(url, socket_timeout=1.0, connection_class=connection_class)
-    client = redis.Redis(connection_pool=pool)
-    peers = PeerLoad(client, "kgtest", [Target(b, SPEC) for b in BACKENDS], sync_interval_s=sync_interval_s,
-                     read_timeout_s=read_timeout_s)
-    peers.start()
-    try:
-        yield peers
-    finally:
-        await peers.stop()
-        await client.aclose()
-        await pool.aclose()
+def replica(url: str, *, counted: bool = False, read_timeout_s: float = DEFAULT_TIMEOUT_S,
+            sync_interval_s: float = QUIET_S,
+            connection_class: type[Connection] | None = None) -> AbstractAsyncContextManager[PeerLoad]:
+    return peer_replica(url, "kgtest", SPEC, BACKENDS, connection_class=connection_class or (
+        CountingConnection if counted else Connection), sync_interval_s=sync_interval_s, read_timeout_s=read_timeout_s)
 
 
 async def test_changes_while_a_write_is_in_flight_go_in_one_next_write_and_arrive_in_order(server) -> None:

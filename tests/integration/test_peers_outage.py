@@ -18,17 +18,16 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack, asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager
 
 import pytest
-import redis.asyncio as redis
 
-from dispatch import Target, Ticket
+from dispatch import Ticket
 from fleet_config.catalog import default_catalog
 from gateway.replicas.peer_load import PeerLoad
 from router.cost import BackendSpec
-from tests.integration.gateway_support import replicas_met
+from tests.integration.gateway_support import peer_replica, replicas_met
 from tests.support.redis_server import _ping, free_port, stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(90)]
@@ -58,17 +57,8 @@ def redis_on(port: int) -> Iterator[subprocess.Popen]:
             stop_process(proc)
 
 
-@asynccontextmanager
-async def replica(url: str) -> AsyncIterator[PeerLoad]:
-    client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-    peers = PeerLoad(client, "kgtest-outage", [Target(b, SPEC) for b in ("b0", "b1")], sync_interval_s=0.05,
-                     recovery_stable_s=STABLE_S)
-    peers.start()
-    try:
-        yield peers
-    finally:
-        await peers.stop()
-        await client.aclose()
+def replica(url: str) -> AbstractAsyncContextManager[PeerLoad]:
+    return peer_replica(url, "kgtest-outage", SPEC, ("b0", "b1"), sync_interval_s=0.05, recovery_stable_s=STABLE_S)
 
 
 async def traffic(a: PeerLoad, b: PeerLoad, seconds: float) -> None:
