@@ -62,7 +62,8 @@ class AdminListener:
     def __init__(self, protocol: type[EdgeProtocol], proxy_connections: set[Any], host: str, port: int, *,
                  reuse_port: bool = False) -> None:
         edge = protocol.edge.model_copy(update={"max_client_connections": ADMIN_MAX_CONNECTIONS})
-        self.protocol = type("GatewayAdminProtocol", (protocol,), {"edge": edge, "proxy_connections": proxy_connections})
+        self.protocol = type("GatewayAdminProtocol", (protocol,), {
+            "edge": edge, "proxy_connections": proxy_connections, "proxy_cap": protocol.edge.max_client_connections})
         self.host, self.port, self.reuse_port = host, port, reuse_port
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[Any] = set()

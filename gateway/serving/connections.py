@@ -63,8 +63,9 @@ class EdgeProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the module docstring's bounds; see `edge_protocol`."""
 
     edge: EdgeSettings  # set on the subclass `edge_protocol` makes
-    # The proxy listener's connections, when this protocol serves another listener (the admin one).
+    # The proxy listener's connections and cap, when this protocol serves another listener (the admin one).
     proxy_connections: set[Any] | None = None
+    proxy_cap = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -151,8 +152,9 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_load(self) -> tuple[int, int]:
         """``(open, cap)``: proxy-listener connections open, not counting the one asking, and
         ``max_client_connections`` (``scope[CONNECTION_LOAD]``, read by ``/ready``)."""
-        counted = self.connections if self.proxy_connections is None else self.proxy_connections
-        return len(counted) - (self in counted), self.edge.max_client_connections
+        if self.proxy_connections is None:
+            return len(self.connections) - (self in self.connections), self.edge.max_client_connections
+        return len(self.proxy_connections), self.proxy_cap
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -35,6 +35,7 @@ from uvicorn.config import STARTUP_FAILURE
 from fleet_config import Settings
 from gateway.serving.admin_listener import AdminListener
 from gateway.serving.connections import edge_protocol
+from gateway.serving.logs import redact_log_handlers
 
 log = logging.getLogger("kappa_gateway")
 
@@ -68,6 +69,7 @@ class GatewayServer(uvicorn.Server):
         g = settings.gateway
         super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=g.graceful_shutdown_timeout_s + TAIL_MARGIN_S,
                                         **uvicorn_options(settings), **config))  # type: ignore[arg-type]
+        redact_log_handlers()  # uvicorn.Config has just given its loggers their handlers
         self.app, self.drain_s, self.grace_s = app, g.shutdown_drain_delay_s, g.graceful_shutdown_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
