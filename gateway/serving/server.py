@@ -77,7 +77,7 @@ class GatewayServer(uvicorn.Server):
         self._timers: list[asyncio.TimerHandle] = []
         self.admin: AdminListener | None = None
         if g.admin_port is not None:
-            self.admin = AdminListener(self.config.http,
+            self.admin = AdminListener(self.config.http,  # type: ignore[arg-type]  # edge_protocol(g), uvicorn_options
                                        self.server_state.connections,
                                        str(config.get("host", g.host)), g.admin_port, reuse_port=admin_reuse_port)
 
