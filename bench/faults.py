@@ -33,6 +33,7 @@ Then the faults, one after another, each in its own window: ``pre_s`` of untouch
 3. ``redis_kill9``: SIGKILL Redis, restart it on the same port 10 s later (quick: 3 s).
 4. ``redis_sigstop``: SIGSTOP Redis for 10 s (quick: 5 s), then SIGCONT. (Issue 16 measures
    the gateway's added p50 latency here: ``probe`` below.)
+   ``upgrade_flood`` (issue 28): Upgrade requests up to the connection cap; `faults_upgrade.py`.
 5. ``gateway_sigterm``: SIGTERM the gateway with a stream in flight. The load then probes
    ``/ready`` as a load balancer would, every 0.5 s (half the drain delay; the first probe
    0.5 s after the signal), and stops sending once it is not 200 (a refused connection
@@ -96,6 +97,7 @@ import aiohttp
 from faults_fleet import Fleet, redis_pings
 from faults_load import CLASSES, Bodies, Load, Window, busiest_backend, summarize
 from faults_probe import PROBE_MODEL, PROBE_THINK_S, Probe, probe_report
+from faults_upgrade import FLOOD_NOTES, flood_gateway_keys, upgrade_flood
 
 import hot_path
 
@@ -113,7 +115,7 @@ READY_POLL_S = 0.5
 CAP_S = IDLE_TIMEOUT_S + 5.0
 # Keys issue 12 adds to the gateway: section; --legacy-config leaves them out.
 NEW_GATEWAY_KEYS = ("upstream_per_try_timeout_s", "outlier_ejection_s", "shutdown_drain_delay_s", "retry")
-FAULTS = ("backend_kill9", "backend_sigstop", "redis_kill9", "redis_sigstop", "gateway_sigterm")
+FAULTS = ("backend_kill9", "backend_sigstop", "redis_kill9", "redis_sigstop", "upgrade_flood", "gateway_sigterm")
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ def gateway_section(port: int, legacy: bool) -> dict:
         "shutdown_drain_delay_s": DRAIN_DELAY_S,
         "retry": {"retry_on": ["connect-failure", "reset", "5xx"], "max_retries": 1, "max_body_bytes": 4194304},
     }
+    section.update({} if legacy else flood_gateway_keys())  # upgrade_flood: faults_upgrade.py
     return {k: v for k, v in section.items() if not (legacy and k in NEW_GATEWAY_KEYS)}
 
 
@@ -172,6 +175,8 @@ class Run:
 
     def clock(self) -> float:
         return time.monotonic() - self.started
+
+    upgrade_flood = upgrade_flood  # faults_upgrade.py
 
     async def run(self) -> list[dict]:
         self.load.start()
@@ -313,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 NOTE_KEYS = ("victim", "resumed_s", "restarted_s", "p50_back_s", "ok_latency_max_s", "exit_code", "exit_s",
-             "load_stopped_s")
+             "load_stopped_s", *FLOOD_NOTES)
 
 
 def table(report: dict) -> str:

@@ -14,6 +14,12 @@ answering 503 when a resource is exhausted):
                                byte (or of the connection's start); else 408 and the connection closes.
     client_body_timeout_s      the longest silence between two reads of a request body; else the
                                connection closes (408 if no answer was started).
+    client_send_timeout_s      the longest a response write may stay blocked because the client does
+                               not read (nginx ``send_timeout``, 60 s); then the connection is aborted.
+    admin_port                 when set, a second listener on this port serves only ``/health``,
+                               ``/ready`` and ``/metrics``, outside ``max_client_connections`` (its
+                               own small cap): liveness probes are answered while the proxy
+                               listener is full. Must differ from ``port``. Default: none.
     max_client_connections     open client connections at most; above it, idle keep-alive
                                connections are closed first (oldest first), then a new connection
                                is answered 503 at once and closed.
@@ -51,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 DEFAULT_KEEP_ALIVE_TIMEOUT_S = 75.0
 DEFAULT_CLIENT_HEADER_TIMEOUT_S = 60.0
 DEFAULT_CLIENT_BODY_TIMEOUT_S = 60.0
+DEFAULT_CLIENT_SEND_TIMEOUT_S = 60.0  # nginx send_timeout
 DEFAULT_MAX_IN_FLIGHT_REQUESTS = 4096
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024  # request line + headers: Envoy's max_request_headers_kb default (60 KiB)
 # 256 MiB: 8 bodies at the 32 MiB limit. A body costs ~3-4x its size at its peak (bench/body_memory.py:
@@ -75,6 +82,8 @@ class EdgeSettings(BaseModel):
     keep_alive_timeout_s: float = Field(default=DEFAULT_KEEP_ALIVE_TIMEOUT_S, gt=0)
     client_header_timeout_s: float = Field(default=DEFAULT_CLIENT_HEADER_TIMEOUT_S, gt=0)
     client_body_timeout_s: float = Field(default=DEFAULT_CLIENT_BODY_TIMEOUT_S, gt=0)
+    client_send_timeout_s: float = Field(default=DEFAULT_CLIENT_SEND_TIMEOUT_S, gt=0)
+    admin_port: int | None = Field(default=None, ge=1, le=65535)
     max_client_connections: int = Field(default_factory=default_max_client_connections, gt=0)
     max_header_bytes: int = Field(default=DEFAULT_MAX_HEADER_BYTES, ge=1024)
     max_in_flight_requests: int = Field(default=DEFAULT_MAX_IN_FLIGHT_REQUESTS, gt=0)
@@ -99,6 +108,12 @@ class EdgeSettings(BaseModel):
         if self.metrics_require_admin_key and self.admin_api_key is None:
             raise ValueError("metrics_require_admin_key needs admin_api_key (or KAPPA_ADMIN_API_KEY): "
                              "without one /metrics would stay open")
+        return self
+
+    @model_validator(mode="after")
+    def _admin_port_apart(self) -> EdgeSettings:
+        if self.admin_port is not None and self.admin_port == getattr(self, "port", None):
+            raise ValueError(f"admin_port ({self.admin_port}) must differ from port: it is a listener of its own")
         return self
 
     @model_validator(mode="after")

@@ -38,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 
 from fleet_config.catalog import default_catalog
 from gateway.edge.catch_all import CatchAll
+from gateway.edge.redirects import RelativeRedirects
 from gateway.errors import GatewayError, error_body
 from gateway.lifespan import open_gateway
 from gateway.edge.answers import error_response
@@ -91,6 +92,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None, registry: 
     app.include_router(admin.routes)
     app.include_router(admin.kappa_routes)
     app.add_middleware(CatchAll, answer=error_response)
+    app.add_middleware(RelativeRedirects)  # the trailing-slash 307 does not trust Host
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

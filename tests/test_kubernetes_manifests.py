@@ -165,6 +165,8 @@ ENV = pod_env(CONTAINER)
 SETTINGS: Settings = parse_settings(FLEET_DOC, CATALOG, env=ENV)  # strict: a renamed key fails here
 PORT = PARAMS["port"] or SETTINGS.gateway.port
 CONTAINER_PORTS = {p["name"]: p["containerPort"] for p in CONTAINER["ports"]}
+# The probes and the scrape use the admin listener (gateway.serving.admin_listener): answered at the cap.
+ADMIN_PORT = SETTINGS.gateway.admin_port
 
 
 @pytest.fixture(scope="module")
@@ -213,18 +215,18 @@ def test_probes_get_real_routes_on_the_gateway_port(gateway: httpx.Client, probe
     """Readiness answers 503 here: the placeholder backends do not resolve, so none is healthy."""
     get = CONTAINER[probe]["httpGet"]
     assert get["path"] == path, f"{probe} should ask {path}"
-    assert probe_port(get["port"]) == PORT
-    response = answers(gateway, path)
+    assert probe_port(get["port"]) == ADMIN_PORT != PORT
+    response = answers(gateway, path)  # the same app serves both listeners
     assert response.status_code == status, response.text
     if probe == "readinessProbe":
-        assert response.json() == {"ready": False, "draining": False, "healthy_backends": 0,
+        assert response.json() == {"ready": False, "draining": False, "saturated": False, "healthy_backends": 0,
                                     "backends": len(SETTINGS.backends)}
 
 
 def test_prometheus_annotations_scrape_the_metrics_route_without_a_key(gateway: httpx.Client) -> None:
     notes = GATEWAY["spec"]["template"]["metadata"]["annotations"]
     assert notes["prometheus.io/scrape"] == "true"
-    assert int(notes["prometheus.io/port"]) == PORT
+    assert int(notes["prometheus.io/port"]) == ADMIN_PORT
     response = answers(gateway, notes["prometheus.io/path"])  # no Authorization header, as Prometheus sends
     assert response.status_code == 200 and "# TYPE gateway_requests_total counter" in response.text
     assert not SETTINGS.gateway.metrics_require_admin_key, "annotation scrapes carry no admin key"

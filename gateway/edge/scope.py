@@ -10,3 +10,7 @@ from __future__ import annotations
 # A future that the connection's ``connection_lost`` resolves: the client has left
 # (`gateway.serving.connections.EdgeProtocol.client_gone`).
 CLIENT_GONE = "kappa.client_gone"
+
+# A callable returning ``(open, cap)``: client connections open on the proxy listener (the one
+# asking not counted) and the connection cap (`gateway.serving.connections.EdgeProtocol.connection_load`).
+CONNECTION_LOAD = "kappa.connection_load"

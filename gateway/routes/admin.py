@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.errors import BadRequest
 from gateway.edge.body import read_body
+from gateway.edge.scope import CONNECTION_LOAD
 from gateway.routes.deps import State, get_state
 from gateway.routing import load_body
 from gateway.backends.kappa_feed import measured_fields
@@ -51,12 +52,21 @@ async def health() -> dict:
 
 
 @routes.get("/ready")
-async def ready(gw: State) -> Response:
-    """Readiness: started, not draining for shutdown, and at least one backend healthy."""
-    ok = gw.ready and not gw.draining and gw.backends.any_healthy()
+async def ready(request: Request, gw: State) -> Response:
+    """Readiness: started, not draining for shutdown, at least one backend healthy, and the proxy
+    listener below its connection cap (``"saturated"``, when served by the edge protocol)."""
+    load = request.scope.get(CONNECTION_LOAD)
+    open_connections, cap = load() if load is not None else (0, 0)
+    saturated = load is not None and open_connections >= cap
+    ok = gw.ready and not gw.draining and gw.backends.any_healthy() and not saturated
     healthy = sum(s.healthy for s in gw.backends.states)
-    return JSONResponse({"ready": ok, "draining": gw.draining, "healthy_backends": healthy,
-                         "backends": len(gw.backends.states)}, status_code=200 if ok else 503)
+    body = {"ready": ok, "draining": gw.draining, "saturated": saturated, "healthy_backends": healthy,
+            "backends": len(gw.backends.states)}
+    if load is not None:
+        body["client_connections"], body["max_client_connections"] = open_connections, cap
+    if saturated:
+        body["reason"] = f"{open_connections} client connections open, at the cap of {cap}: new ones get 503"
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 @routes.get("/metrics")

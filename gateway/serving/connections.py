@@ -18,12 +18,21 @@ protocol with what nginx and Envoy add (``fleet_config.edge`` has the keys and d
 - **head size**: a request line and headers over ``max_header_bytes`` (64 KiB, Envoy's
   ``max_request_headers_kb``) get ``431`` and the connection closes, before any of it is routed
   or forwarded;
+- **send timeout** (nginx ``send_timeout``): a response write blocked because the client does
+  not read may stay blocked ``client_send_timeout_s`` at most; then the connection is aborted
+  (the request sees the client gone);
+- **``Upgrade``** is ignored (RFC 9110 §7.8): the request is read and answered as plain
+  HTTP/1.1, body included (`gateway.serving.upgrade`); ``CONNECT`` gets ``405`` and the
+  connection closes. No connection is handed to another protocol, so none leaves these bounds;
 - a malformed request head is answered with an OpenAI-shaped ``400`` (uvicorn's is plain text);
 - **the client leaving** is told to the request at once: ``scope[CLIENT_GONE]`` makes a future
   that ``connection_lost`` resolves (`gateway.proxy.attempts.ClientWatch`), so waiting on a backend
   needs no task reading ASGI messages to notice a disconnect.
 
-The keep-alive timeout is uvicorn's own (``timeout_keep_alive``), set from the config.
+The keep-alive timeout is uvicorn's own (``timeout_keep_alive``), set from the config. So every
+state a connection can be in has a bound: its head, its body, a response write, idle keep-alive;
+while the app works on a request, the proxy's own deadlines bound it (``upstream_*_timeout_s``).
+``scope[CONNECTION_LOAD]`` tells ``/ready`` how many proxy connections are open against the cap.
 """
 
 from __future__ import annotations
@@ -32,12 +41,14 @@ import asyncio
 import time
 from typing import Any
 
+import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from fleet_config.edge import EdgeSettings
-from gateway.edge.scope import CLIENT_GONE
+from gateway.edge.scope import CLIENT_GONE, CONNECTION_LOAD
 from gateway.errors import error_body
+from gateway.serving.upgrade import plain_head
 
 RETRY_AFTER_S = 1
 
@@ -52,11 +63,16 @@ class EdgeProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the module docstring's bounds; see `edge_protocol`."""
 
     edge: EdgeSettings  # set on the subclass `edge_protocol` makes
+    # The proxy listener's connections and cap, when this protocol serves another listener (the admin one).
+    proxy_connections: set[Any] | None = None
+    proxy_cap = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._upgrade: tuple[bytes, bytes, str, list[tuple[bytes, bytes]]] | None = None  # an ignored upgrade's head
         self._idle_since_s = 0.0
         self._head_bytes = 0
         self._refused = False  # answered and closing: the parser's further callbacks are ignored
@@ -112,12 +128,38 @@ class EdgeProtocol(HttpToolsProtocol):
 
     # -- read timeouts -------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if not self._refused:
-            super().data_received(data)
+        """uvicorn's, but an ``Upgrade`` request goes on as HTTP/1.1 (`_without_upgrade`)."""
+        if self._refused:
+            return
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:  # llhttp stopped after the head (gateway.serving.upgrade)
+            self._without_upgrade(data[exc.args[0]:])
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+
+    def _without_upgrade(self, rest: bytes) -> None:
+        if self._upgrade is None or self._refused:
+            return
+        method, target, version, headers = self._upgrade
+        self._upgrade = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's parser
+        self.data_received(plain_head(method, target, version, headers) + rest)
+
+    def connection_load(self) -> tuple[int, int]:
+        """``(open, cap)``: proxy-listener connections open, not counting the one asking, and
+        ``max_client_connections`` (``scope[CONNECTION_LOAD]``, read by ``/ready``)."""
+        if self.proxy_connections is None:
+            return len(self.connections) - (self in self.connections), self.edge.max_client_connections
+        return len(self.proxy_connections), self.proxy_cap
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope[CLIENT_GONE] = self.client_gone  # type: ignore[literal-required]
+        self.scope[CONNECTION_LOAD] = self.connection_load  # type: ignore[literal-required]
         self._head_bytes = 0
         self._arm_head_timer()
 
@@ -141,6 +183,14 @@ class EdgeProtocol(HttpToolsProtocol):
             self._head_timer = None
         if self._refused:
             return
+        if self.parser.should_upgrade():  # Connection: upgrade + Upgrade, or CONNECT
+            method = self.parser.get_method()
+            if method == b"CONNECT":
+                self._refuse(405, "CONNECT is not supported: the gateway is not a forward proxy.",
+                             "invalid_request_error", b"allow: GET, HEAD, POST\r\n")
+                return
+            self._upgrade = (method, self.url, self.parser.get_http_version(), self.headers)
+            return  # llhttp ends the message here, without its body: data_received parses it again
         super().on_headers_complete()
         self._arm_body_timer()
 
@@ -154,8 +204,28 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
-        if not self._refused:
+        if not self._refused and self._upgrade is None:
             super().on_message_complete()
+
+    # -- writes the client does not read -------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.edge.client_send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.abort()  # nothing can be written to a client that does not read: no answer
 
     def _refuse(self, status: int, message: str, error_type: str, *extra: bytes) -> None:
         """Answer ``status`` now, before any request runs, and close the connection."""
@@ -175,10 +245,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body_timer = self.loop.call_later(self.edge.client_body_timeout_s, self._read_timed_out, "body")
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._body_timer):
+        for timer in (self._head_timer, self._body_timer, self._send_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._body_timer = None
+        self._head_timer = self._body_timer = self._send_timer = None
 
     def _read_timed_out(self, phase: str) -> None:
         if phase == "body" and self.flow is not None and self.flow.read_paused:

@@ -10,6 +10,9 @@ What a load balancer in front (Kubernetes, Envoy, nginx) needs on SIGTERM:
    requests still waiting answer 503 — a terminated response, never a cut connection;
 4. the process exits 0.
 
+With ``gateway.admin_port`` set, a second listener serves ``/health``, ``/ready`` and ``/metrics``
+outside the proxy's connection cap (`gateway.serving.admin_listener`); it closes last.
+
 A second SIGINT/SIGTERM skips what is left of the drain; a third forces the exit: open
 streams are then cut (the one case a stream may end without an error event) and the process
 exits 1, not 0 (`GatewayServer.forced`). uvicorn's
@@ -22,13 +25,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import STARTUP_FAILURE
 
 from fleet_config import Settings
+from gateway.serving.admin_listener import AdminListener
 from gateway.serving.connections import edge_protocol
+from gateway.serving.logs import redact_log_handlers
 
 log = logging.getLogger("kappa_gateway")
 
@@ -41,9 +48,11 @@ def uvicorn_options(settings: Settings) -> dict[str, object]:
     thread): the edge protocol bounds slow and idle clients and caps connections
     (`gateway.serving.connections`); the keep-alive timeout is the config's; ``proxy_headers`` is off, as
     uvicorn would otherwise replace the peer's address with the last X-Forwarded-For entry, and
-    the gateway appends the real peer to that header itself."""
+    the gateway appends the real peer to that header itself; ``ws`` is off: the gateway offers
+    no protocol switch (`gateway.serving.upgrade`)."""
     g = settings.gateway
-    return {"proxy_headers": False, "http": edge_protocol(g), "timeout_keep_alive": g.keep_alive_timeout_s}
+    return {"proxy_headers": False, "http": edge_protocol(g), "timeout_keep_alive": g.keep_alive_timeout_s,
+            "ws": "none"}
 
 
 class GatewayServer(uvicorn.Server):
@@ -52,18 +61,44 @@ class GatewayServer(uvicorn.Server):
     Args:
         app: the gateway app (`gateway.app.create_app`); its lifespan state is read at shutdown.
         settings: the gateway's settings (drain delay, grace period).
+        admin_reuse_port: bind ``gateway.admin_port`` with ``SO_REUSEPORT`` (``serve --workers``).
         config: uvicorn's keywords (host, port, log_level, ...).
     """
 
-    def __init__(self, app: FastAPI, settings: Settings, **config: object) -> None:
+    def __init__(self, app: FastAPI, settings: Settings, *, admin_reuse_port: bool = False, **config: object) -> None:
         g = settings.gateway
         super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=g.graceful_shutdown_timeout_s + TAIL_MARGIN_S,
                                         **uvicorn_options(settings), **config))  # type: ignore[arg-type]
+        redact_log_handlers()  # uvicorn.Config has just given its loggers their handlers
         self.app, self.drain_s, self.grace_s = app, g.shutdown_drain_delay_s, g.graceful_shutdown_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
         self.forced = False  # a third signal forced the exit: in-flight work was cut
         self._timers: list[asyncio.TimerHandle] = []
+        self.admin: AdminListener | None = None
+        if g.admin_port is not None:
+            self.admin = AdminListener(self.config.http,  # type: ignore[arg-type]  # edge_protocol(g), uvicorn_options
+                                       self.server_state.connections,
+                                       str(config.get("host", g.host)), g.admin_port, reuse_port=admin_reuse_port)
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.admin is not None:
+            try:
+                await self.admin.start(self.config, self.lifespan.state)
+            except OSError as exc:  # as uvicorn fails a start-up on its own port
+                log.error("cannot listen on the admin port %d: %s", self.admin.port, exc.strerror or exc)
+                for server in self.servers:
+                    server.close()
+                await self.lifespan.shutdown()
+                sys.exit(STARTUP_FAILURE)
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if self.admin is not None:
+                self.admin.close()
 
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()

@@ -181,7 +181,7 @@ def worker_main(config: str, host: str, port: int, log_level: str, sock: socket.
                 ready.set()
 
     server = Worker(create_app(settings), settings, host=host, port=port, log_level=log_level.lower(),
-                    access_log=False)
+                    access_log=False, admin_reuse_port=REUSE_PORT)
     server.run(sockets=[sock])
     raise SystemExit(1 if server.forced else 0)
 
