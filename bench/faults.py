@@ -8,7 +8,7 @@ SIGTERM; anything stopped gets SIGCONT first), a ``redis-server`` (``--save "" -
 no``), four mock vLLM backends (``python -m gateway mock-vllm``, llama-3.1-8b on h100-sxm,
 ``--time-scale 0.2``, each its own process) and the gateway (``python -m gateway serve``)
 with the Redis index (50 ms timeout), health checks every 0.5 s and the timeouts of
-`gateway_section`: idle 5 s, drain delay 1 s, graceful shutdown 5 s, outlier ejection 5 s,
+`gateway_section`: idle 5 s, drain delay 1 s, graceful shutdown 5 s, base ejection time 5 s,
 retries as the spec's default, first byte 30 s (above the client cap, so a request stuck
 before its first byte shows as hung rather than rescued by an arbitrary short deadline),
 and the index's circuit breaker at its defaults (when the tree has one). A fifth backend,
@@ -34,6 +34,8 @@ Then the faults, one after another, each in its own window: ``pre_s`` of untouch
 4. ``redis_sigstop``: SIGSTOP Redis for 10 s (quick: 5 s), then SIGCONT. (Issue 16 measures
    the gateway's added p50 latency here: ``probe`` below.)
    ``upgrade_flood`` (issue 28): Upgrade requests up to the connection cap; `faults_upgrade.py`.
+   ``health_blip`` (`faults_blip.py`): every backend SIGSTOPped for 2.4 s, one failed round
+   of health checks, fewer than the ejection threshold: 0 requests cut expected.
 5. ``gateway_sigterm``: SIGTERM the gateway with a stream in flight. The load then probes
    ``/ready`` as a load balancer would, every 0.5 s (half the drain delay; the first probe
    0.5 s after the signal), and stops sending once it is not 200 (a refused connection
@@ -94,6 +96,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
+from faults_blip import health_blip
 from faults_fleet import Fleet, redis_pings
 from faults_load import CLASSES, Bodies, Load, Window, busiest_backend, summarize
 from faults_probe import PROBE_MODEL, PROBE_THINK_S, Probe, probe_report
@@ -114,8 +117,9 @@ IDLE_TIMEOUT_S, DRAIN_DELAY_S, GRACEFUL_S, FIRST_BYTE_TIMEOUT_S = 5.0, 1.0, 5.0,
 READY_POLL_S = 0.5
 CAP_S = IDLE_TIMEOUT_S + 5.0
 # Keys issue 12 adds to the gateway: section; --legacy-config leaves them out.
-NEW_GATEWAY_KEYS = ("upstream_per_try_timeout_s", "outlier_ejection_s", "shutdown_drain_delay_s", "retry")
-FAULTS = ("backend_kill9", "backend_sigstop", "redis_kill9", "redis_sigstop", "upgrade_flood", "gateway_sigterm")
+NEW_GATEWAY_KEYS = ("upstream_per_try_timeout_s", "shutdown_drain_delay_s", "retry")
+FAULTS = ("backend_kill9", "backend_sigstop", "redis_kill9", "redis_sigstop", "health_blip", "upgrade_flood",
+          "gateway_sigterm")
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,6 @@ def gateway_section(port: int, legacy: bool) -> dict:
         "upstream_idle_timeout_s": IDLE_TIMEOUT_S,
         "graceful_shutdown_timeout_s": GRACEFUL_S,
         "upstream_per_try_timeout_s": None,
-        "outlier_ejection_s": 5.0,
         "shutdown_drain_delay_s": DRAIN_DELAY_S,
         "retry": {"retry_on": ["connect-failure", "reset", "5xx"], "max_retries": 1, "max_body_bytes": 4194304},
     }
@@ -155,6 +158,7 @@ def gateway_config(port: int, backend_ports: list[int], redis_url: str, legacy: 
             "index": {"backend": "redis", "redis_url": redis_url, "key_prefix": "faults", "timeout_s": INDEX_TIMEOUT_S,
                       "block_size_tokens": 64, "bytes_per_token": 4.0},
             "routing": {"policy": "kappa", "seed": 0},
+            **({} if legacy else {"outlier_detection": {"base_ejection_time_s": 5.0}}),
             "models": {PROBE_MODEL: {"profile": MODEL}},
             "backends": [{"id": f"b{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL, "hardware": HARDWARE}
                          for i, p in enumerate(backend_ports)]
@@ -227,6 +231,8 @@ class Run:
         await asyncio.sleep(self.t.post_s)
         w.end = self.clock()
         return w
+
+    health_blip = health_blip  # bench/faults_blip.py
 
     async def backend_kill9(self, w: Window) -> Window:
         victim = await self._victim(w)

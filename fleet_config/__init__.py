@@ -1,6 +1,7 @@
 """The deployment config: one schema for the gateway, the simulator and the mock backends.
 
     catalog    config/models.yaml + config/hardware.yaml -> `router.profiles.Catalog`
+    outlier    the ``outlier_detection:`` section (Envoy's outlier detection), the health thresholds' defaults
     settings   the fleet YAML -> frozen, validated `Settings` (strict: errors name the key's path);
                `Settings.backend_spec` -> the router's `router.cost.BackendSpec` of a backend
     errors     ConfigError
@@ -15,6 +16,7 @@ and no environment variable, and loads no Redis client: `load_settings` reads th
 
 from fleet_config.catalog import CONFIG_DIR, default_catalog, load_catalog
 from fleet_config.errors import ConfigError
+from fleet_config.outlier import OutlierDetectionSection
 from fleet_config.settings import (
     BackendEntry,
     GatewaySection,
@@ -33,6 +35,7 @@ __all__ = [
     "GatewaySection",
     "IndexSection",
     "KvPoolSection",
+    "OutlierDetectionSection",
     "RoutingSection",
     "Settings",
     "default_catalog",

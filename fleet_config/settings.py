@@ -5,7 +5,10 @@ or `parse_settings` is called (never at import).
 
 One file per deployment (``config/fleet.local.yaml`` is the example)::
 
-    gateway:  {host, port, max_body_bytes, timeouts, health and scrape intervals}
+    gateway:  {host, port, max_body_bytes, timeouts, health and scrape intervals, health-check
+               thresholds, panic threshold}
+    outlier_detection: {consecutive_5xx, base_ejection_time_s, max_ejection_percent, ...}
+                                                              (optional: `fleet_config.outlier`)
     index:    {backend: memory|redis, redis_url, key_prefix, timeout_s, key_ttl_s, breaker_failures,
                breaker_open_s, breaker_max_open_s, block_size_tokens, bytes_per_token, share_load,
                load_sync_interval_s}
@@ -39,6 +42,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
+from fleet_config.outlier import (
+    DEFAULT_HEALTHY_PANIC_THRESHOLD_PERCENT,
+    DEFAULT_HEALTHY_THRESHOLD,
+    DEFAULT_UNHEALTHY_THRESHOLD,
+    OutlierDetectionSection,
+)
 from prefix_index.breaker import DEFAULT_FAILURE_THRESHOLD, DEFAULT_MAX_OPEN_S, DEFAULT_OPEN_S
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
 from prefix_index.redis_defaults import DEFAULT_KEY_PREFIX, DEFAULT_KEY_TTL_S, DEFAULT_TIMEOUT_S
@@ -95,12 +104,18 @@ class GatewaySection(EdgeSettings):
         upstream_idle_timeout_s: once a response has begun, the longest silence between two
             upstream reads (stream and non-stream); for a streamed request also the wait for
             the response headers, which vLLM sends at once (before the prefill).
-        outlier_ejection_s: a backend that went silent past the idle timeout, or failed its
-            health check while a request waited on it, is out of rotation this long.
+        (``outlier_ejection_s`` is gone: ejections follow ``outlier_detection:``,
+        `fleet_config.outlier`; a config that still sets it fails with a message naming the keys.)
         shutdown_drain_delay_s: after SIGTERM, ``/ready`` answers 503 this long before the
             listener closes (so a load balancer stops sending first).
         graceful_shutdown_timeout_s: then, how long requests in flight may finish; streams
             still open get an SSE error event and ``[DONE]``.
+
+    Health (Envoy's ``HealthCheck`` and ``CommonLbConfig`` names, `fleet_config.outlier`):
+        unhealthy_threshold: failed ``/health`` checks in a row that take a backend out of rotation.
+        healthy_threshold: passed checks in a row that bring it back (its first ever: one).
+        healthy_panic_threshold_percent: when fewer than this % of a model's backends are in
+            rotation, its requests go to all of them that ever passed a check (panic mode).
     """
 
     host: str = "127.0.0.1"
@@ -110,13 +125,25 @@ class GatewaySection(EdgeSettings):
     upstream_first_byte_timeout_s: float = Field(default=600.0, gt=0)
     upstream_per_try_timeout_s: float | None = Field(default=None, gt=0)
     upstream_idle_timeout_s: float = Field(default=30.0, gt=0)
-    outlier_ejection_s: float = Field(default=30.0, ge=0)
     retry: RetrySection = Field(default_factory=RetrySection)
     shutdown_drain_delay_s: float = Field(default=5.0, ge=0)
     graceful_shutdown_timeout_s: float = Field(default=30.0, gt=0)
     health_interval_s: float = Field(default=2.0, gt=0)
+    unhealthy_threshold: int = Field(default=DEFAULT_UNHEALTHY_THRESHOLD, ge=1)
+    healthy_threshold: int = Field(default=DEFAULT_HEALTHY_THRESHOLD, ge=1)
+    healthy_panic_threshold_percent: float = Field(default=DEFAULT_HEALTHY_PANIC_THRESHOLD_PERCENT, ge=0, le=100)
     scrape_interval_s: float = Field(default=1.0, gt=0)
     max_connections_per_backend: int = Field(default=1024, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _outlier_ejection_s_moved(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "outlier_ejection_s" in data:
+            raise ValueError("outlier_ejection_s was replaced by the outlier_detection: section (Envoy's outlier "
+                             "detection): set outlier_detection.base_ejection_time_s (the first ejection's length, "
+                             "growing with repeats up to max_ejection_time_s) and consecutive_5xx (failures in a "
+                             "row before one)")
+        return data
 
 
 class IndexSection(_Strict):
@@ -246,6 +273,7 @@ class Settings(_Strict):
     routing: RoutingSection = Field(default_factory=RoutingSection)
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     kv_pool: KvPoolSection | None = None
+    outlier_detection: OutlierDetectionSection = Field(default_factory=OutlierDetectionSection)
     backends: list[BackendEntry] = Field(min_length=1)
 
     @model_validator(mode="after")

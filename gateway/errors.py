@@ -14,13 +14,16 @@
         ├── UpstreamReset             502 closed or reset before the first byte (``reset``)
         ├── UpstreamStatus            the backend's 5xx, before the first byte (``5xx``)
         └── UpstreamTimeout           504 also a TimeoutError (``timeout``)
+            └── UpstreamLeftRotation  the backend left rotation before its first byte (moved)
 
     ClientGone                        (not an HTTP answer: the client disconnected first)
 
 Each `UpstreamError` names its ``retry_kind``, the `fleet_config.RetrySection.retry_on`
-condition it falls under; ``eject`` marks the failures that take a backend out of rotation
-for the outlier cool-down (it hung: silent past the idle timeout, or failed its health check
-while a request waited on it).
+condition it falls under; ``moves`` marks the one retried whatever ``retry_on`` says (the
+backend left rotation while the request waited for its first byte); ``eject`` marks the
+timeouts the backend is to blame for (it hung: silent past the idle timeout, or gone from
+rotation while a request waited on it), which count toward its outlier ejection as connect
+failures, resets and 5xx do (`gateway.backends.rotation`).
 
 Bodies follow OpenAI's and vLLM ≥ 0.10.1's shape: ``{"error": {"message", "type", "param",
 "code"}}`` with ``code`` the integer HTTP status (REFERENCE.md §3). The router and the index
@@ -115,6 +118,7 @@ class UpstreamError(GatewayError):
     error_type = "upstream_error"
     retry_kind = "reset"
     eject = False
+    moves = False
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -149,6 +153,16 @@ class UpstreamTimeout(UpstreamError, TimeoutError):
     def __init__(self, message: str, *, eject: bool = False) -> None:
         super().__init__(message)
         self.eject = eject
+
+
+class UpstreamLeftRotation(UpstreamTimeout):
+    """The backend left rotation (failed its health checks, or was ejected) while the request
+    waited for its first byte: the request moves to the next backend when its body may be re-sent."""
+
+    moves = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, eject=True)
 
 
 class ClientGone(Exception):

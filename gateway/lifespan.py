@@ -116,7 +116,9 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
 
         backends = BackendSet(states, probe_session, telemetry, on_restart=forget,
                               health_interval_s=g.health_interval_s, scrape_interval_s=g.scrape_interval_s,
-                              outlier_ejection_s=g.outlier_ejection_s)
+                              outlier_detection=settings.outlier_detection, unhealthy_threshold=g.unhealthy_threshold,
+                              healthy_threshold=g.healthy_threshold,
+                              healthy_panic_threshold_percent=g.healthy_panic_threshold_percent)
         policy = build_policy(settings.routing.policy, settings.routing.params)
         telemetry.init_requests(((b.id, b.model) for b in settings.backends), policy.name)
         routing = RoutingService(settings, backends, index, policy,

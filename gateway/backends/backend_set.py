@@ -1,11 +1,13 @@
 """The backend set: health checks, vLLM metrics scraping, restart detection.
 
-Health: ``GET /health`` every ``health_interval_s``; one failure (or a connect error while
-proxying) takes a backend out of the candidate set, one success brings it back. Outlier
-ejection (Envoy's term): a backend that hung on a request — silent past the idle timeout, or
-failing its health check while a request waited on it — stays out for ``outlier_ejection_s``
-whatever its health checks say. Requests waiting for a backend's first byte watch its
-`BackendSet.down_signal`, so they stop waiting the moment it leaves rotation.
+Health: ``GET /health`` every ``health_interval_s``, and the outcome of every request, decide
+which backends are in rotation as Envoy's active health checks and outlier detection do
+(`gateway.backends.rotation`, rules in `gateway.backends.outlier`): ``unhealthy_threshold``
+failed checks in a row take a backend out; ``consecutive_5xx`` failures in a row eject it
+for a time that grows with repeats, never more than ``max_ejection_percent`` of a model's
+backends at once; below ``healthy_panic_threshold_percent`` in rotation a model is in panic
+mode and its requests go to all its backends. Requests waiting for a backend's first byte
+watch its down signal (`BackendSet.down_signal`), so they can move the moment it leaves rotation.
 Scraping: ``GET /metrics`` every ``scrape_interval_s`` (`gateway.backends.scrape`): queue depth, KV
 usage, block size and KV capacity from ``vllm:cache_config_info``, and
 ``process_start_time_seconds`` — when it changes, or any of vLLM's counters (prefix-cache
@@ -25,12 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 
 import aiohttp
 
 from dispatch import BackendMetrics
+from fleet_config.outlier import (
+    DEFAULT_HEALTHY_PANIC_THRESHOLD_PERCENT,
+    DEFAULT_HEALTHY_THRESHOLD,
+    DEFAULT_UNHEALTHY_THRESHOLD,
+    OutlierDetectionSection,
+)
 from gateway.backends.backend_state import BackendState
+from gateway.backends.rotation import Rotation
 from gateway.backends.scrape import parse_vllm_metrics
 from gateway.upstream.errors import Phase, mapped_errors
 from gateway.errors import UpstreamError
@@ -50,16 +60,23 @@ class BackendSet:
     Args:
         states: one per configured backend, in config order.
         session: an aiohttp session for probes (the caller owns and closes it).
-        telemetry: where backend_up and κ_crit gauges go.
+        telemetry: where backend_up, ejections, panic mode and κ_crit gauges go.
         on_restart: awaited with a backend id when it restarted (the index forgets it).
         health_interval_s, scrape_interval_s: probe periods, s.
-        outlier_ejection_s: how long `eject` keeps a backend out, s.
+        outlier_detection: Envoy's outlier detection settings (`fleet_config.outlier`).
+        unhealthy_threshold, healthy_threshold: failed / passed health checks in a row that take
+            a backend out of rotation / bring it back.
+        healthy_panic_threshold_percent: a model with fewer of its backends in rotation is in panic mode.
+        rng: draws for the ``enforcing_*`` percentages.
     """
 
     def __init__(self, states: list[BackendState], session: aiohttp.ClientSession, telemetry: Telemetry, *,
                  on_restart: Callable[[str], Awaitable[None]], health_interval_s: float,
-                 scrape_interval_s: float, outlier_ejection_s: float = 30.0) -> None:
-        self._outlier_ejection_s = outlier_ejection_s
+                 scrape_interval_s: float, outlier_detection: OutlierDetectionSection | None = None,
+                 unhealthy_threshold: int = DEFAULT_UNHEALTHY_THRESHOLD,
+                 healthy_threshold: int = DEFAULT_HEALTHY_THRESHOLD,
+                 healthy_panic_threshold_percent: float = DEFAULT_HEALTHY_PANIC_THRESHOLD_PERCENT,
+                 rng: random.Random | None = None) -> None:
         self.states = states
         self.by_id = {s.id: s for s in states}
         self._session = session
@@ -73,41 +90,37 @@ class BackendSet:
         for s in states:
             telemetry.init_backend(s.id, s.spec.kappa_crit_linear, in_flight=lambda s=s: s.ledger.in_flight,
                                    kv_demand_bytes=lambda s=s: s.ledger.kv_demand_bytes)
+        self.rotation = Rotation(states, telemetry, outlier_detection or OutlierDetectionSection(),
+                                 unhealthy_threshold=unhealthy_threshold, healthy_threshold=healthy_threshold,
+                                 healthy_panic_threshold_percent=healthy_panic_threshold_percent, rng=rng)
 
     def eligible(self, model: str) -> list[BackendState]:
-        """Healthy backends serving ``model``, in config order."""
-        return [s for s in self.states if s.healthy and s.entry.model == model]
+        """The backends a request for ``model`` may go to (`gateway.backends.rotation.Rotation.eligible`)."""
+        return self.rotation.eligible(model)
 
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self.states)
 
-    def mark_down(self, state: BackendState, reason: str) -> None:
-        """Out of rotation after a connect failure or reset while proxying; the next passed
-        health check brings it back."""
-        if state.healthy:
-            log.warning("backend %s marked down: %s", state.id, reason)
-        self._set_health(state, False, reason, signal_waiters=False)  # their own connections tell them
+    def failed(self, state: BackendState, reason: str, *, gateway_failure: bool = True) -> None:
+        """A request outcome ``state`` is to blame for: counted toward its ejection
+        (`gateway.backends.rotation.Rotation.failed`)."""
+        self.rotation.failed(state, reason, gateway_failure=gateway_failure)
 
-    def eject(self, state: BackendState, reason: str) -> None:
-        """Outlier ejection: out of rotation for ``outlier_ejection_s`` whatever its health checks
-        say (it answers /health, but hung on a request)."""
-        state.ejected_until_s = asyncio.get_running_loop().time() + self._outlier_ejection_s
-        log.warning("backend %s ejected for %gs: %s", state.id, self._outlier_ejection_s, reason)
-        self._telemetry.outlier_ejections.labels(state.id).inc()
-        self._set_health(state, False, reason)
+    def succeeded(self, state: BackendState) -> None:
+        """A complete answer from ``state``: its consecutive-failure counts start again."""
+        self.rotation.succeeded(state)
 
     def down_signal(self, state: BackendState) -> asyncio.Future[str]:
         """A future that resolves (to the reason) when ``state`` next leaves rotation."""
-        signal = state.down_signal
-        if signal is None or signal.done():
-            signal = state.down_signal = asyncio.get_running_loop().create_future()
-        return signal
+        return self.rotation.down_signal(state)
 
     async def start(self) -> None:
         """Probe every backend once (so the first requests have candidates), then run the loops."""
         await asyncio.gather(*(self._probe(s) for s in self.states))
+        for model in self.rotation.by_model:
+            self.rotation.refresh_panic(model)  # a model none of whose backends came up starts in panic
         await asyncio.gather(*(self._scrape(s) for s in self.states if s.healthy))
-        self._tasks = [asyncio.create_task(self._loop(self._probe, self._health_interval_s), name="health"),
+        self._tasks = [asyncio.create_task(self._loop(self._health_round, self._health_interval_s), name="health"),
                        asyncio.create_task(self._loop(self._scrape, self._scrape_interval_s), name="scrape")]
 
     async def stop(self) -> None:
@@ -117,6 +130,7 @@ class BackendSet:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         self._extra_scrapes.clear()
+        self.rotation.stop()
 
     def scrape_soon(self, state: BackendState) -> None:
         """Scrape ``state`` off the regular period, as soon as EXTRA_SCRAPE_MIN_GAP_S has passed since
@@ -152,6 +166,10 @@ class BackendSet:
             await asyncio.sleep(interval_s)
             await asyncio.gather(*(probe(s) for s in self.states))
 
+    async def _health_round(self, state: BackendState) -> None:
+        self.rotation.sweep(asyncio.get_running_loop().time())  # at most once per interval_s
+        await self._probe(state)
+
     async def _probe(self, state: BackendState) -> None:
         try:
             with mapped_errors(Phase.PROBE):
@@ -162,13 +180,7 @@ class BackendSet:
                     ok = await self._serves_configured_model(state)
         except (UpstreamError, TimeoutError):
             ok = False
-        if ok and state.ejected_until_s > asyncio.get_running_loop().time():
-            return  # still cooling down after an outlier ejection
-        if ok and not state.healthy:
-            log.info("backend %s is up", state.id)
-        elif not ok and state.healthy:
-            log.warning("backend %s failed its health check", state.id)
-        self._set_health(state, ok, "it failed its health check")
+        self.rotation.checked(state, ok, asyncio.get_running_loop().time())
 
     async def _serves_configured_model(self, state: BackendState) -> bool:
         """GET /v1/models once: a backend that lists other models only stays out of rotation.
@@ -179,7 +191,7 @@ class BackendSet:
         async with self._session.get(f"{state.entry.url}/v1/models",
                                      timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             if resp.status == 404:
-                state.model_checked = True
+                state.model_checked, state.serves_other_model = True, False
                 return True
             if resp.status != 200:
                 return False
@@ -188,8 +200,9 @@ class BackendSet:
             except (ValueError, AttributeError, TypeError):
                 listed = set()
         if state.entry.model in listed:
-            state.model_checked = True
+            state.model_checked, state.serves_other_model = True, False
             return True
+        state.serves_other_model = True
         log.error("backend %s serves %s, not the configured model %r: kept out of rotation",
                   state.id, sorted(str(m) for m in listed) or "no models", state.entry.model)
         return False
@@ -222,12 +235,6 @@ class BackendSet:
                         state.id)
             state.model_checked = False
             await self._on_restart(state.id)
-
-    def _set_health(self, state: BackendState, healthy: bool, reason: str = "", *, signal_waiters: bool = True) -> None:
-        state.healthy = healthy
-        self._telemetry.backend_up.labels(state.id).set(1 if healthy else 0)
-        if not healthy and signal_waiters and state.down_signal is not None and not state.down_signal.done():
-            state.down_signal.set_result(reason)
 
 
 def _restarted(previous: BackendMetrics, current: BackendMetrics) -> bool:

@@ -1,7 +1,8 @@
 """One backend's state as the gateway keeps it: a `dispatch.Target` plus what only the edge needs.
 
 The `dispatch.Target` part (its spec, last scrape and ledger) is what the routing pipeline
-reads; the rest is the edge's: its config entry, health, the outlier cool-down, and its
+reads; the rest is the edge's: its config entry, health (in rotation or not, and the
+active-check and outlier counters behind it, `gateway.backends.outlier`), and its
 measured κ_crit fit with the requests that feed it (`gateway.backends.kappa_feed`). The backend
 set (`gateway.backends.backend_set`) and the tickets are the only writers.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from dispatch import Target
 from fleet_config.settings import BackendEntry
 from gateway.backends.kappa_feed import PrefillFeed
+from gateway.backends.outlier import OutlierRecord
 from router.cost import BackendSpec
 from router.kappa_fit import KappaCritFit
 from router.profiles import GB
@@ -28,17 +30,20 @@ class BackendState(Target):
     """
 
     entry: BackendEntry = field(kw_only=True)
-    healthy: bool = field(default=False, kw_only=True)
+    healthy: bool = field(default=False, kw_only=True)  # in rotation: passes its checks and is not ejected
     model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
+    serves_other_model: bool = field(default=False, kw_only=True)  # /v1/models did not: never routed to
+    outlier: OutlierRecord = field(default_factory=OutlierRecord, kw_only=True, repr=False)
     kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit (router.kappa_fit)
     prefill_feed: PrefillFeed = field(default_factory=PrefillFeed, kw_only=True, repr=False)  # its samples
     scrape_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True, repr=False)  # one scrape at a time
     last_scrape_s: float = field(default=-math.inf, kw_only=True)  # loop time the last scrape began
-    ejected_until_s: float = field(default=0.0, kw_only=True)  # loop time the outlier cool-down ends
     down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
         self.kappa_fit = KappaCritFit(self.spec)
+        if self.healthy:  # built in rotation (tests, benches): as if it had passed its checks
+            self.outlier.hc_healthy = self.outlier.ever_healthy = True
 
     @classmethod
     def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:

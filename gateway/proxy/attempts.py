@@ -9,16 +9,22 @@ As Envoy's router does (``retry_on``, ``num_retries``, ``per_try_timeout``, the 
   come at once from vLLM, so they are bounded by the idle timeout and its first event by the
   deadline (the queue and the prefill); a non-streamed answer comes whole after the
   generation, so its headers are bounded by the deadline and its first bytes by the idle
-  timeout. Missing an idle bound ejects the backend (`gateway.backends.backend_set.BackendSet.eject`).
+  timeout. Missing an idle bound counts as the backend's failure.
 - **While it waits** for the first byte the attempt also watches the client (a disconnect
   cancels it within one event-loop turn: the upstream connection is closed and every charge
-  released, and nothing is retried for a client that has gone), the backend (if it fails its
-  health check the attempt is abandoned as a timeout and the backend ejected: a SIGSTOPped
-  backend otherwise holds its requests until the deadline) and the process (past the
-  shutdown grace period it answers 503).
+  released, and nothing is retried for a client that has gone), the backend when another
+  backend is left to try (if it leaves rotation — ``unhealthy_threshold`` failed health
+  checks, or an ejection — the attempt moves there: a SIGSTOPped backend otherwise holds its
+  requests until the deadline; with nowhere to go, a health check alone never cuts it) and
+  the process (past the shutdown grace period it answers 503).
 - **Retries** go to the next backend of the ranking when the failure's kind is in
-  ``retry.retry_on`` (default connect failures, resets and 5xx, not timeouts), at most
-  ``retry.max_retries`` times, never for a body over ``retry.max_body_bytes``.
+  ``retry.retry_on`` (default connect failures, resets and 5xx, not timeouts) or it is such
+  a move, at most ``retry.max_retries`` times, never for a body over ``retry.max_body_bytes``.
+  A 5xx whose body says the request is bad (a prompt over the context length,
+  `gateway.upstream.engine_errors`) is relayed as it came, like a 4xx: never retried.
+- **Outcomes** before the first byte — connect failures, resets, 5xx, hangs — count toward
+  the backend's outlier ejection (`gateway.backends.rotation`); a complete answer (the relay)
+  starts its count again.
 - **Each attempt has its own X-Request-Id** (`gateway.upstream.request.attempt_request_id`).
 """
 
@@ -41,7 +47,9 @@ from gateway.errors import (
     ClientGone,
     ShuttingDown,
     UpstreamError,
+    UpstreamLeftRotation,
     UpstreamReset,
+    UpstreamStatus,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
@@ -131,14 +139,15 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         attempt = asyncio.ensure_future(open_response(
             gw.session, state.entry.url + path, body, up_headers,
             headers_bound=waited if stream else whole, first_byte_bound=whole if stream else waited, clock=gw.clock))
+        last = n == len(ranked) - 1
+        down = None if last else gw.backends.down_signal(state)  # nowhere to move to: health alone never cuts it
         try:
-            resp, first, headers_s = await _first_of(attempt, watch.signal, gw.backends.down_signal(state),
-                                                     gw.stopping_signal(), state.id)
+            resp, first, headers_s = await _first_of(attempt, watch.signal, down, gw.stopping_signal(), state.id)
         except UpstreamError as exc:
             ticket.finish()  # the ledger and the in-flight chain are released on every path
             feed.failed(sequence)
             _account(gw, state, exc)
-            last_try = n == len(ranked) - 1 or exc.retry_kind not in policy.retry_on
+            last_try = last or (exc.retry_kind not in policy.retry_on and not exc.moves)
             if last_try:
                 raise
             gw.telemetry.retries.labels(state.id).inc()
@@ -155,10 +164,11 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
     raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover
 
 
-async def _first_of(attempt: asyncio.Future[Any], gone: asyncio.Future[None], down: asyncio.Future[str],
+async def _first_of(attempt: asyncio.Future[Any], gone: asyncio.Future[None], down: asyncio.Future[str] | None,
                     stopping: asyncio.Future[None], backend: str) -> Any:
-    """The attempt's result, unless the client leaves, the backend leaves rotation or the grace
-    period ends first: then the attempt is cancelled (its connection closed) and that is raised.
+    """The attempt's result, unless the client leaves, the backend leaves rotation (``down``,
+    when given) or the grace period ends first: then the attempt is cancelled (its connection
+    closed) and that is raised.
 
     The three signals cancel the attempt from their done callbacks (no `asyncio.wait` and its
     waiter per request); a cancellation of this task cancels the attempt too and propagates.
@@ -170,7 +180,7 @@ async def _first_of(attempt: asyncio.Future[Any], gone: asyncio.Future[None], do
             interrupted.append(signal)
             attempt.cancel()
 
-    signals = (gone, down, stopping)
+    signals = (gone, stopping) if down is None else (gone, down, stopping)
     for signal in signals:
         signal.add_done_callback(interrupt)
     try:
@@ -183,8 +193,8 @@ async def _first_of(attempt: asyncio.Future[Any], gone: asyncio.Future[None], do
             signal.remove_done_callback(interrupt)
     if interrupted[0] is gone:
         raise ClientGone(backend)
-    if interrupted[0] is down:
-        raise UpstreamTimeout(f"backend stopped answering before the first byte ({down.result()})", eject=True)
+    if down is not None and interrupted[0] is down:
+        raise UpstreamLeftRotation(f"backend left rotation before its first byte ({down.result()})")
     raise ShuttingDown("The gateway is shutting down.")
 
 
@@ -195,8 +205,13 @@ def _cancelling() -> int:
 
 
 def _account(gw: GatewayState, state: BackendState, exc: UpstreamError) -> None:
+    """Count a failure before the first byte; the backend's own (not a deadline that ran out)
+    count toward its ejection, 502/503/504 and connection failures as gateway failures (Envoy's)."""
     gw.telemetry.upstream_failures.labels(state.id, exc.retry_kind).inc()
-    if isinstance(exc, (UpstreamUnavailable, UpstreamReset)):
-        gw.backends.mark_down(state, exc.message)
-    elif exc.eject:  # it hung; if its health check already failed, it still stays out for the cool-down
-        gw.backends.eject(state, exc.message)
+    if isinstance(exc, UpstreamStatus):
+        gw.backends.failed(state, exc.message, gateway_failure=exc.upstream_status in GATEWAY_FAILURE_STATUSES)
+    elif isinstance(exc, (UpstreamUnavailable, UpstreamReset)) or exc.eject:
+        gw.backends.failed(state, exc.message)
+
+
+GATEWAY_FAILURE_STATUSES = frozenset({502, 503, 504})  # Envoy's consecutive_gateway_failure codes

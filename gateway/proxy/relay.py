@@ -7,7 +7,7 @@ A stream passes to the client as the backend sends it, complete SSE events at a 
   resets or closes uncleanly: the stream was complete, it counts as ``ok`` with its usage);
 - an SSE error event and ``data: [DONE]`` from the gateway, never a silent cut: when the
   backend fails mid-stream (``upstream_error``, 502), stays silent past the idle timeout
-  (``timeout_error``, 504, and the backend is ejected), or the shutdown grace period ends
+  (``timeout_error``, 504, counted toward the backend's ejection), or the shutdown grace period ends
   (``service_unavailable_error``, 503);
 - the client leaving (the upstream request is closed, so the backend aborts it); after the
   client took ``data: [DONE]`` its leaving is the end of a complete stream, counted ``ok``.
@@ -117,7 +117,7 @@ class Relay:
         gw, state = self.gw, self.sent.state
         if isinstance(exc, TimeoutError):
             gw.telemetry.upstream_failures.labels(state.id, "idle-timeout").inc()
-            gw.backends.eject(state, f"silent for {idle_s:g}s mid-stream")
+            gw.backends.failed(state, f"silent for {idle_s:g}s mid-stream")
             return "upstream_timeout"
         gw.telemetry.upstream_failures.labels(state.id, "mid-stream").inc()
         log.warning("backend %s failed mid-stream: %r", state.id, exc.__cause__ or exc)
@@ -127,7 +127,7 @@ class Relay:
         """The whole non-streamed body.
 
         Raises:
-            UpstreamTimeout: silent past the idle timeout (the backend is ejected).
+            UpstreamTimeout: silent past the idle timeout (counted toward the backend's ejection).
             UpstreamReset: the connection dropped mid-body.
             ClientGone: the client left first (the upstream request is closed).
             ShuttingDown: the grace period ended first.
@@ -171,7 +171,7 @@ class Relay:
                 chunks.append(chunk)
         except TimeoutError as exc:  # the idle timeout's, or aiohttp's read timeout (mapped: UpstreamTimeout)
             gw.telemetry.upstream_failures.labels(state.id, "idle-timeout").inc()
-            gw.backends.eject(state, f"silent for {idle_s:g}s mid-body")
+            gw.backends.failed(state, f"silent for {idle_s:g}s mid-body")
             raise UpstreamTimeout(f"backend {state.id} sent nothing for {idle_s:g}s mid-body (the idle timeout)",
                                   eject=True) from exc
         except UpstreamReset:  # from mapped_errors
@@ -201,6 +201,8 @@ class Relay:
         t = gw.telemetry
         t.count_request(sent.state.id, self.plan.request.model, self.plan.decision.policy, est.regime.value, outcome)
         if outcome == "ok":
+            if sent.resp.status < 400:
+                gw.backends.succeeded(sent.state)  # a complete answer: its consecutive failures start again
             _observe(gw, self.plan, sent, self.observer)
         else:
             sent.state.prefill_feed.ended_otherwise()

@@ -96,7 +96,11 @@ def kappa_crit_reference(spec: BackendSpec) -> dict[str, dict[str, float | None]
 
 @kappa_routes.get("/backends")
 async def backends(gw: State) -> dict:
-    """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks.
+    """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks; per model,
+    whether it is in panic mode (``panic_mode``: its requests go to all its backends).
+
+    Health: ``healthy`` (in rotation) and what decides it (`gateway.backends.rotation.Rotation.view`):
+    the health checks' verdict, outlier ejection and its counters.
 
     κ figures (names: `router.kappa`): ``kappa_crit_linear`` (predicted, T-independent
     κ_M·κ_HW at the host link), ``kappa_crit_linear_measured`` (the online fit of
@@ -112,7 +116,7 @@ async def backends(gw: State) -> dict:
         spec, m = s.spec, s.metrics
         out.append({
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
-            "labels": s.entry.labels, "healthy": s.healthy,
+            "labels": s.entry.labels, "healthy": s.healthy, **gw.backends.rotation.view(s),
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
             "kappa_crit_linear": spec.kappa_crit_linear, **measured_fields(s.kappa_fit),
             "kappa_crit_reference": kappa_crit_reference(spec),
@@ -137,7 +141,7 @@ async def backends(gw: State) -> dict:
     peers = None if gw.peers is None else {"replica_id": gw.peers.id, "replicas_seen": gw.peers.replicas_seen,
                                            "sync_interval_s": gw.peers.interval_s}
     return {"backends": out, "policy": gw.settings.routing.policy, "index": gw.settings.index.backend,
-            "kv_pool": kv_pool, "peers": peers}
+            "kv_pool": kv_pool, "peers": peers, "panic_mode": dict(gw.backends.rotation.panic)}
 
 
 @kappa_routes.post("/route")

@@ -31,6 +31,8 @@ app factory reads from ``PROMETHEUS_MULTIPROC_DIR``; nothing here reads the envi
 | ``gateway_upstream_retries_total`` | counter | backend (the one that failed) |
 | ``gateway_upstream_failures_total`` | counter | backend, kind = connect-failure\\|reset\\|5xx\\|timeout\\|idle-timeout\\|mid-stream |
 | ``gateway_outlier_ejections_total`` | counter | backend |
+| ``gateway_outlier_ejections_overflow_total`` | counter | backend (an outlier left in: ``max_ejection_percent`` reached) |
+| ``gateway_panic_mode`` / ``gateway_panic_mode_entries_total`` | gauge / counter | model (1 while routing to all its backends) |
 | ``gateway_index_errors_total`` | counter | op |
 | ``gateway_index_predictions_total`` | counter | backend, outcome = within_one_block\\|over\\|under (predicted K vs reported cached_tokens) |
 | ``gateway_index_resets_total`` | counter | backend (a backend id, or ``@kv-pool``), reason = restart\\|cached-tokens-shortfall\\|kv-pool-backends-restarted |
@@ -171,9 +173,17 @@ class Telemetry:
         self.upstream_failures = Counter("gateway_upstream_failures", "Upstream failures by kind: before the "
                                          "first byte (connect-failure, reset, 5xx, timeout) or after it "
                                          "(idle-timeout, mid-stream).", ["backend", "kind"], registry=r)
-        self.outlier_ejections = Counter("gateway_outlier_ejections", "Backends taken out of rotation for the "
-                                         "outlier cool-down (hung past the idle timeout, or failed a health "
-                                         "check while a request waited on them).", ["backend"], registry=r)
+        self.outlier_ejections = Counter("gateway_outlier_ejections", "Backends ejected by outlier detection "
+                                         "(consecutive failed requests: 5xx, connect failures, resets, hangs).",
+                                         ["backend"], registry=r)
+        self.outlier_ejections_overflow = Counter("gateway_outlier_ejections_overflow", "Outliers not ejected: "
+                                                  "max_ejection_percent of the model's backends were out already.",
+                                                  ["backend"], registry=r)
+        self.panic_mode = Gauge("gateway_panic_mode", "1 while the model is in panic mode (too few backends in "
+                                "rotation: requests go to all of them).", ["model"], multiprocess_mode="mostrecent",
+                                registry=r)
+        self.panic_mode_entries = Counter("gateway_panic_mode_entries", "Times the model entered panic mode.",
+                                          ["model"], registry=r)
 
     def _declare_index_metrics(self, r: CollectorRegistry) -> None:
         """The prefix index: errors, prediction quality, resets, breaker, latency, calibration."""

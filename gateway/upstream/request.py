@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 
 from gateway.edge.request_ids import attempt_suffix
 from gateway.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
+from gateway.upstream.engine_errors import says_request_is_bad
 from gateway.upstream.errors import Phase, mapped_errors
 
 # RFC 9110 §7.6.1 connection-specific headers, plus ones the proxy recomputes. `Expect`: the
@@ -105,12 +106,13 @@ async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, h
     Returns:
         The open response (the caller closes or releases it), its first chunk (b"" for an
         empty body) and ``clock()`` when its headers arrived (s). 4xx responses are returned as
-        they are: the client's own errors.
+        they are: the client's own errors; so is a 5xx whose body says the request is bad
+        (`gateway.upstream.engine_errors`), its first chunk then up to its first 4 kB.
 
     Raises:
         UpstreamUnavailable: no connection (refused, or the connect timeout).
         UpstreamReset: the connection dropped before the first byte.
-        UpstreamStatus: the backend answered 5xx (its body was read and released).
+        UpstreamStatus: the backend answered another 5xx (its body was read and released).
         UpstreamTimeout: a bound passed (``eject`` when it was an idle bound).
     """
     resp: aiohttp.ClientResponse | None = None
@@ -121,9 +123,11 @@ async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, h
                 resp = await session.post(url, data=body, headers=headers)
                 headers_s = clock()
                 if resp.status >= 500:
-                    detail = (await resp.content.read(_MAX_ERROR_BODY_BYTES)).decode("utf-8", "replace")
+                    start = await _read_up_to(resp, _MAX_ERROR_BODY_BYTES)
+                    if says_request_is_bad(start):
+                        return resp, start, headers_s  # the engine blames the request: relayed as it is
                     resp.release()
-                    raise UpstreamStatus(f"backend answered {resp.status}: {detail[:300]}",
+                    raise UpstreamStatus(f"backend answered {resp.status}: {start.decode('utf-8', 'replace')[:300]}",
                                          upstream_status=resp.status)
             bound, what = first_byte_bound, "first byte"
             async with asyncio.timeout(bound.seconds):
@@ -141,6 +145,19 @@ async def open_response(session: aiohttp.ClientSession, url: str, body: bytes, h
     except BaseException:
         _close(resp)
         raise
+
+
+async def _read_up_to(resp: aiohttp.ClientResponse, limit_bytes: int) -> bytes:
+    """The body's first ``limit_bytes`` (fewer at its end), however the backend cut it into writes."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit_bytes:
+        chunk = await resp.content.read(limit_bytes - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _close(resp: aiohttp.ClientResponse | None) -> None:

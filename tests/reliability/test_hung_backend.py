@@ -1,8 +1,9 @@
 """Kind 3 — a hung backend: ``upstream_idle_timeout_s`` bounds the silence once the response
 has begun (and, for a stream, the wait for its headers). A stream then ends with the
-``timeout_error``/504 event and ``[DONE]``; a body with 504 JSON. The backend is ejected for
-``outlier_ejection_s`` (backend_up 0, gateway_outlier_ejections_total + 1) although its
-``/health`` answers; one that fails its health check while a request waits on it likewise.
+``timeout_error``/504 event and ``[DONE]``; a body with 504 JSON. The hang counts toward the
+backend's outlier ejection (``outlier_detection.consecutive_5xx``): ejected, it stays out for
+``base_ejection_time_s`` although its ``/health`` answers. A request waiting on a backend that
+fails its health checks moves to another backend, whatever ``retry_on`` says.
 
 Between a stream's headers and its first event the backend prefills: that wait belongs to the
 first-byte deadline (and the backend's health), not to the idle timeout.
@@ -112,8 +113,9 @@ def test_before_non_stream_headers_only_the_first_byte_timeout_counts() -> None:
 def test_a_hung_backend_is_ejected_for_the_cool_down_although_its_health_answers() -> None:
     ejection_s = 1.0
     with misbehaving_upstream(STALL_AFTER_TWO) as a, misbehaving_upstream() as b, run_gateway(
-            [backend_doc("a", a.url), backend_doc("b", b.url)], routing={"policy": "round-robin"},
-            gateway={**IDLE, "outlier_ejection_s": ejection_s}) as gw:
+            [backend_doc("a", a.url), backend_doc("b", b.url)], routing={"policy": "round-robin"}, gateway=IDLE,
+            outlier_detection={"consecutive_5xx": 1, "base_ejection_time_s": ejection_s,
+                               "max_ejection_percent": 50}) as gw:
         got = exchange(gw.url, STREAM)
         assert got.headers["x-kappa-backend"] == "a"
         split_error_tail(got.body)
@@ -131,14 +133,14 @@ def test_a_hung_backend_is_ejected_for_the_cool_down_although_its_health_answers
         assert gw.metric("gateway_outlier_ejections_total", backend="a") == 1
 
 
-RETRY_ON_TIMEOUT = {"retry": {"retry_on": ["connect-failure", "reset", "5xx", "timeout"]}, "outlier_ejection_s": 30,
-                    "health_interval_s": 0.1}
+# The default retry_on (no timeout): a move off a backend that left rotation is retried anyway.
+FAST_HEALTH = {"health_interval_s": 0.1}
 
 
 def test_a_frozen_in_thread_backend_fails_its_health_check_and_the_request_moves_on() -> None:
     with misbehaving_upstream() as a, misbehaving_upstream() as b, run_gateway(
             [backend_doc("a", a.url), backend_doc("b", b.url)], routing={"policy": "round-robin"},
-            gateway=RETRY_ON_TIMEOUT) as gw:
+            gateway=FAST_HEALTH) as gw:
         a.freeze()  # answers nothing, /health included, from now on
         try:
             got = exchange(gw.url, CHAT, timeout_s=8)
@@ -146,14 +148,15 @@ def test_a_frozen_in_thread_backend_fails_its_health_check_and_the_request_moves
             a.thaw()
         assert got.status == 200 and got.headers["x-kappa-backend"] == "b"
         assert len(b.posts) == 1
-        assert gw.metric("gateway_outlier_ejections_total", backend="a") == 1
-        assert gw.metric("gateway_backend_up", backend="a") == 0  # thawed, but ejected for 30 s
+        assert gw.metric("gateway_upstream_retries_total", backend="a") == 1
+        assert gw.metric("gateway_outlier_ejections_total", backend="a") == 0  # one failure, not five
+        poll(lambda: gw.metric("gateway_backend_up", backend="a") == 1, "a back once its checks pass", timeout_s=3)
 
 
 def test_a_sigstopped_backend_fails_its_health_check_and_the_request_moves_on() -> None:
     with upstream_process() as (proc, a_url), misbehaving_upstream() as b, run_gateway(
             [backend_doc("a", a_url), backend_doc("b", b.url)], routing={"policy": "round-robin"},
-            gateway=RETRY_ON_TIMEOUT) as gw:
+            gateway=FAST_HEALTH) as gw:
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             got = exchange(gw.url, CHAT, timeout_s=8)
@@ -161,4 +164,4 @@ def test_a_sigstopped_backend_fails_its_health_check_and_the_request_moves_on() 
             os.kill(proc.pid, signal.SIGCONT)
         assert got.status == 200 and got.headers["x-kappa-backend"] == "b"
         assert len(b.posts) == 1
-        assert gw.metric("gateway_outlier_ejections_total", backend="a") == 1
+        assert gw.metric("gateway_upstream_retries_total", backend="a") == 1

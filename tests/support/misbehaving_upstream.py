@@ -5,12 +5,14 @@ wire is the script's, so a test can make the faults a framework hides — an eve
 inside a CRLF pair, ``[DONE]`` then a TCP reset, a chunked body that never terminates.
 
 ``GET /health``, ``/v1/models`` (lists ``llama-3.1-8b``) and ``/metrics`` always answer
-(unless frozen). ``POST`` (any path) follows the request's headers — the gateway forwards
+(unless frozen); ``/health`` with `MisbehavingUpstream.health_status` (200 unless a test sets another). ``POST`` (any path) follows the request's headers — the gateway forwards
 them — overridden per server by `MisbehavingUpstream.force` (a retry carries the same headers):
 
     x-scenario     json | sse (default: by the body's "stream") | status | silent (read the
                    request, answer nothing) | reset (RST at once) | close (FIN at once)
     x-status       for ``status``: the code (default 500), with an OpenAI error body
+    x-error-type   for ``status``: the body's error type (default server_error) …
+    x-error-message … and message (default "scripted <status>"), e.g. vLLM's context-length refusal
     x-delay-s      wait this long before the status line (slow first byte)
     x-prefill-s    wait this long after the headers before the first piece (a stream's
                    prefill: vLLM sends a stream's headers at once, its first event after it)
@@ -81,6 +83,7 @@ class MisbehavingUpstream:
 
     def __init__(self, force: dict[str, str] | None = None, port: int = 0) -> None:
         self.force = dict(force or {})  # header values that override the request's, e.g. {"x-scenario": "silent"}
+        self.health_status = 200  # what GET /health answers (a health check failing while requests are served)
         self.seen: list[Seen] = []
         self.port = port
         self._loop = asyncio.new_event_loop()
@@ -174,7 +177,8 @@ class MisbehavingUpstream:
         self.seen.append(seen)
         if method != "POST":
             payload, ctype = GETS.get(path, (NOT_FOUND, "application/json"))
-            await self._write(writer, head(200 if path in GETS else 404, ctype, len(payload)) + payload)
+            status = (self.health_status if path == "/health" else 200) if path in GETS else 404
+            await self._write(writer, head(status, ctype, len(payload)) + payload)
             return True
         return await self._script(conn, writer, seen, {**headers, **self.force})
 
@@ -193,7 +197,8 @@ class MisbehavingUpstream:
             return False
         if scenario == "status":
             status = int(h.get("x-status", "500"))
-            seen.sent = error_body(status)
+            seen.sent = error_body(status, h.get("x-error-type", "server_error"),
+                                   h.get("x-error-message", f"scripted {status}"))
             await self._write(writer, head(status, "application/json", len(seen.sent)) + seen.sent)
             return True
         sse = scenario == "sse"

@@ -51,9 +51,9 @@ def json_body() -> bytes:
                                     "finish_reason": "stop"}], "usage": USAGE}).encode()
 
 
-def error_body(status: int) -> bytes:
-    return json.dumps({"error": {"message": f"scripted {status}", "type": "server_error", "param": None,
-                                 "code": status}}).encode()
+def error_body(status: int, error_type: str = "server_error", message: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": f"scripted {status}" if message is None else message,
+                                 "type": error_type, "param": None, "code": status}}).encode()
 
 
 def cut(data: bytes, offsets: list[int]) -> list[bytes]:
