@@ -34,7 +34,7 @@ import hot_path  # noqa: E402
 hot_path.select()  # this script is an entry point: compiled or source, before the project is imported
 
 from bench.routing_quality import PLAN, git_commit, load_fleets  # noqa: E402
-from fleet_config.settings import DEFAULT_LOAD_SYNC_INTERVAL_S  # noqa: E402 -- the gateway's exchange period
+from fleet_config.sections import DEFAULT_LOAD_SYNC_INTERVAL_S  # noqa: E402 -- the gateway's exchange period
 from sim.replicas import Topology  # noqa: E402
 from sim.report import policy_report  # noqa: E402
 from sim.runner import SimJob, run_jobs  # noqa: E402

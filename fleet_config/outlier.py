@@ -16,13 +16,17 @@ The ``outlier_detection:`` section of the fleet YAML is Envoy's ``OutlierDetecti
                                                   sweep's decrement between) is n × this …
     max_ejection_time_s                    300    … capped here (unset: max(300, base_ejection_time_s))
     max_ejection_percent                    10    at most this % of a model's backends ejected at once
-    always_eject_one_host                false    eject one backend even when that exceeds
-                                                  max_ejection_percent (Envoy ≥ 1.31's key)
+    always_eject_one_host                 true    eject one backend even when that exceeds
+                                                  max_ejection_percent (Envoy ≥ 1.31's key; see below)
     successful_active_health_check_uneject_host
                                          false    a passed health check ends an ejection (Envoy's
                                                   default is true; see below)
 
-Two departures from Envoy, both deliberate. ``successful_active_health_check_uneject_host``
+Three departures from Envoy, all deliberate. ``always_eject_one_host`` defaults to true (Envoy:
+false): with ``max_ejection_percent`` 10, a model served by fewer than 10 backends — the usual LLM
+fleet, 2–8 GPU servers — could never have a hung backend ejected (Envoy's own docs once said
+"will eject at least one host regardless"); beyond the first, the percentage caps as in Envoy.
+``successful_active_health_check_uneject_host``
 defaults to false: the gateway's active check is ``GET /health``, which a hung engine still
 answers, so Envoy's default would end every ejection of a hung backend at its next check.
 And Envoy's ``max_ejection_time_jitter`` is not offered (one gateway, few backends: no herd).
@@ -62,7 +66,7 @@ class OutlierDetectionSection(BaseModel):
     base_ejection_time_s: float = Field(default=DEFAULT_BASE_EJECTION_TIME_S, gt=0)
     max_ejection_time_s: float | None = Field(default=None, gt=0)
     max_ejection_percent: int = Field(default=DEFAULT_MAX_EJECTION_PERCENT, ge=0, le=100)
-    always_eject_one_host: bool = False
+    always_eject_one_host: bool = True
     successful_active_health_check_uneject_host: bool = False
 
     @property

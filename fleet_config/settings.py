@@ -23,14 +23,14 @@ Parsing is strict: an unknown key or a bad value fails at start-up with its path
 Environment variables override the deployment settings only: ``KAPPA_HOST``, ``KAPPA_PORT``,
 ``KAPPA_REDIS_URL`` (which also switches the index to Redis), ``KAPPA_ADMIN_API_KEY``.
 
-Defaults are defined once: the index's in `prefix_index` (`prefix_index.redis_defaults`, the
-breaker's, the block size), imported here; the gateway's own here (``DEFAULT_*``).
+Defaults are defined once: the index's in `prefix_index`, imported by `fleet_config.sections` (the
+index, routing and KV-pool sections); the gateway's own here and in `fleet_config.edge` and
+`fleet_config.outlier` (``DEFAULT_*``).
 """
 
 from __future__ import annotations
 
 import functools
-
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,33 +38,30 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
+from fleet_config.sections import (
+    IndexSection,
+    KvPoolSection,
+    RoutingSection,
+    StrictSection,
+)
 from fleet_config.outlier import (
     DEFAULT_HEALTHY_PANIC_THRESHOLD_PERCENT,
     DEFAULT_HEALTHY_THRESHOLD,
     DEFAULT_UNHEALTHY_THRESHOLD,
     OutlierDetectionSection,
 )
-from prefix_index.breaker import DEFAULT_FAILURE_THRESHOLD, DEFAULT_MAX_OPEN_S, DEFAULT_OPEN_S
-from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
-from prefix_index.redis_defaults import DEFAULT_KEY_PREFIX, DEFAULT_KEY_TTL_S, DEFAULT_TIMEOUT_S
 from router.cost import BackendSpec, kv_pool_link_gb_s
-from router.policies import POLICY_NAMES, PolicyConfigError, build_policy
+from router.policies import POLICY_NAMES
 from router.profiles import Catalog, ModelProfile
 
-# Seconds between a gateway replica's periodic load exchanges (gateway.replicas.peer_load): its
-# lease (20 intervals, 1 s) and its stretched period while decisions read (5 intervals, 250 ms)
-# are multiples of it; 50 ms keeps what a joining replica first reads within 50 ms of current at
-# 20 small Lua calls a second per replica. Decisions read the others' figures on their own clock.
-DEFAULT_LOAD_SYNC_INTERVAL_S = 0.05
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # 32 MiB: a 128k-token prompt is ~0.5 MB of text; images are larger
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_Strict = StrictSection
 
 
 RetryCondition = Literal["connect-failure", "reset", "5xx", "timeout"]
@@ -144,88 +141,6 @@ class GatewaySection(EdgeSettings):
                              "growing with repeats up to max_ejection_time_s) and consecutive_5xx (failures in a "
                              "row before one)")
         return data
-
-
-class IndexSection(_Strict):
-    """The prefix index: embedded (``memory``) or shared (``redis``).
-
-    Redis only (README "Redis index"): ``timeout_s`` bounds a match or record (event-loop
-    stalls excluded, `prefix_index.deadline`); ``key_ttl_s`` is every key's expiry, refreshed
-    when written; the circuit breaker (`prefix_index.breaker`) opens after
-    ``breaker_failures`` consecutive failed matches, skips the index ``breaker_open_s``,
-    then probes once, doubling the wait after each failed probe up to ``breaker_max_open_s``.
-    ``redis_url``'s scheme says what kind of Redis it is (`prefix_index.redis_connect`):
-    ``redis://``/``rediss://``/``unix://`` one server, ``redis+cluster://h:p,h:p`` a Redis
-    Cluster, ``redis+sentinel://h:26379,h:26379/service[/db]`` the master a Sentinel set names.
-    """
-
-    backend: Literal["memory", "redis"] = "memory"
-    redis_url: str | None = None
-    key_prefix: str = DEFAULT_KEY_PREFIX
-    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
-    key_ttl_s: int = Field(default=DEFAULT_KEY_TTL_S, ge=1)
-    breaker_failures: int = Field(default=DEFAULT_FAILURE_THRESHOLD, ge=1)
-    breaker_open_s: float = Field(default=DEFAULT_OPEN_S, gt=0)
-    breaker_max_open_s: float = Field(default=DEFAULT_MAX_OPEN_S, gt=0)
-    block_size_tokens: int = Field(default=DEFAULT_BLOCK_SIZE_TOKENS, gt=0)
-    bytes_per_token: float = Field(default=BYTES_PER_TOKEN_ESTIMATE, gt=0)
-    # With redis: gateway replicas exchange their load through it every this many seconds and
-    # record a request's chain when it is sent (gateway.replicas.peer_load); false: each replica alone.
-    share_load: bool = True
-    load_sync_interval_s: float = Field(default=DEFAULT_LOAD_SYNC_INTERVAL_S, gt=0)
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url_parses(cls, url: str | None) -> str | None:
-        if url is not None:
-            from prefix_index.redis_connect import parse_redis_url  # redis-py parses it: loaded only for a URL
-
-            parse_redis_url(url)  # its ValueError names the forms it takes
-        return url
-
-    @model_validator(mode="after")
-    def _redis_needs_url(self) -> IndexSection:
-        if self.backend == "redis" and not self.redis_url:
-            raise ValueError("backend 'redis' needs redis_url (or set KAPPA_REDIS_URL)")
-        if self.breaker_max_open_s < self.breaker_open_s:
-            raise ValueError(f"breaker_max_open_s ({self.breaker_max_open_s}) must be >= breaker_open_s "
-                             f"({self.breaker_open_s})")
-        return self
-
-
-class RoutingSection(_Strict):
-    policy: str = "kappa"
-    params: dict[str, Any] = Field(default_factory=dict)
-    seed: int | None = None
-
-    @model_validator(mode="after")
-    def _policy_builds(self) -> RoutingSection:
-        try:
-            build_policy(self.policy, self.params)
-        except PolicyConfigError as exc:
-            raise ValueError(str(exc)) from exc
-        return self
-
-
-# Sustained pool → GPU bandwidth per GPU when the config gives none: one 400 Gb/s NIC per GPU
-# (HGX H100/B200 nodes carry 8 × ConnectX-7) at half its 50 GB/s line rate. An assumption
-# to replace with a measured figure, like the host link's 15 GB/s (DESIGN.md §3).
-DEFAULT_POOL_LINK_GB_S_PER_GPU = 25.0
-
-
-class KvPoolSection(_Strict):
-    """A KV store every backend shares (Mooncake Store, an LMCache remote backend, Dynamo's
-    shared tiers): each backend writes the blocks it prefills there and may load any prefix
-    block found there. ``kappa-gateway mock-fleet`` models it with one pool shared by its mocks.
-
-    Attributes:
-        capacity_gb: pool size, GB (10^9 bytes), > 0; least recently used blocks go first.
-        link_gb_s_per_gpu: sustained pool → HBM bandwidth per GPU, GB/s; a backend's pool
-            link is min(this, its host link per GPU) × TP unless it sets ``kv_pool_link_gb_s``.
-    """
-
-    capacity_gb: float = Field(gt=0)
-    link_gb_s_per_gpu: float = Field(default=DEFAULT_POOL_LINK_GB_S_PER_GPU, gt=0)
 
 
 class ModelEntry(_Strict):

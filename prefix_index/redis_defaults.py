@@ -1,7 +1,7 @@
 """The Redis index's defaults, in a module that imports nothing (not redis).
 
 `redis_index.RedisPrefixIndex` takes them as its keyword defaults and the fleet config
-(`fleet_config.settings.IndexSection`) as its own, so a default means the same whoever builds
+(`fleet_config.sections.IndexSection`) as its own, so a default means the same whoever builds
 the index; the config, the simulator and the mock read them without loading the Redis client.
 """
 

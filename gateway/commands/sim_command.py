@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fleet_config.catalog import default_catalog
-from fleet_config.settings import KvPoolSection, load_settings
+from fleet_config.sections import KvPoolSection
+from fleet_config.settings import load_settings
 from sim.fleet import fleet_from_settings
 from sim.lower_bound import lower_bound_ratios, lower_bound_summary, lower_bound_ttfts
 from sim.replicas import Topology

@@ -47,7 +47,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from dispatch import Target
-from fleet_config.settings import DEFAULT_LOAD_SYNC_INTERVAL_S as DEFAULT_SYNC_INTERVAL_S
+from fleet_config.sections import DEFAULT_LOAD_SYNC_INTERVAL_S as DEFAULT_SYNC_INTERVAL_S
 from gateway.replicas.exchanges import CARRY_WAIT_S, Exchanges
 from gateway.replicas.figures import replica_id
 from gateway.replicas.readers import Readers

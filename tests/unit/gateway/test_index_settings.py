@@ -6,7 +6,8 @@ import pytest
 
 from fleet_config.catalog import default_catalog
 from fleet_config.errors import ConfigError
-from fleet_config.settings import DEFAULT_LOAD_SYNC_INTERVAL_S, parse_settings
+from fleet_config.sections import DEFAULT_LOAD_SYNC_INTERVAL_S
+from fleet_config.settings import parse_settings
 from prefix_index.redis_defaults import DEFAULT_KEY_PREFIX, DEFAULT_KEY_TTL_S, DEFAULT_TIMEOUT_S
 
 CATALOG = default_catalog()

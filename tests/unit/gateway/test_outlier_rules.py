@@ -23,7 +23,7 @@ def test_defaults_are_envoys() -> None:
             rules.enforcing_consecutive_gateway_failure) == (5, 5, 100, 0)
     assert (rules.base_ejection_time_s, rules.max_ejection_s, rules.max_ejection_percent, rules.interval_s) == \
         (30.0, 300.0, 10, 10.0)
-    assert not rules.always_eject_one_host
+    assert rules.always_eject_one_host  # ours: one may always go (fleet_config.outlier says why)
     assert OutlierDetectionSection(base_ejection_time_s=400).max_ejection_s == 400  # max(300 s, base)
 
 
