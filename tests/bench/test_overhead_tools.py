@@ -155,8 +155,8 @@ def test_wrk_load_generator_completes_requests_and_counts_its_warmup(bench, stub
     assert result["errors"] == 0 and result["statuses"] == {"2xx/3xx": result["completed"], "other": 0}
     # one latency per measured request, from wrk's histogram, in seconds (a 1k body answers in ms);
     # the histogram also holds the answers that landed as wrk stopped, which its count omits
-    # (0.2–2.4% more here, 7.8% once in CI on a loaded machine)
-    assert result["completed"] <= len(result["latencies_s"]) <= 1.15 * result["completed"] + 8
+    # (0.2–2.4% more here, 7.8% once in CI, 16% on a 2-core machine running other test suites)
+    assert result["completed"] <= len(result["latencies_s"]) <= 1.3 * result["completed"] + 8
     assert 0 < min(result["latencies_s"]) <= max(result["latencies_s"]) < 5.0
     assert 0.5 < result["elapsed_s"] < 5.0
 
