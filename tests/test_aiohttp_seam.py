@@ -23,7 +23,8 @@ NOT_CHECKED = ("gateway/commands/",)
 
 
 def aiohttp_names_caught(source: str) -> list[str]:
-    """The aiohttp exception classes named in the ``except`` clauses of ``source``, in order.
+    """The aiohttp exception classes named in the ``except`` clauses of ``source``, and in its
+    ``isinstance`` calls (how a context manager's ``__exit__`` catches), in order.
 
     Recognises ``aiohttp.X`` (any alias of ``import aiohttp``, also ``aiohttp.sub.X``) and
     names imported with ``from aiohttp[.sub] import X [as Y]``.
@@ -48,9 +49,14 @@ def aiohttp_names_caught(source: str) -> list[str]:
 
     caught: list[str] = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.ExceptHandler) or node.type is None:
+        if isinstance(node, ast.ExceptHandler) and node.type is not None:
+            named = node.type
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            named = node.args[1]
+        else:
             continue
-        types = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+        types = named.elts if isinstance(named, ast.Tuple) else [named]
         for t in types:
             if isinstance(t, ast.Attribute) and root_name(t) in module_aliases:
                 caught.append(t.attr)
@@ -93,9 +99,12 @@ except ClientPayloadError:
     pass
 except Gone:
     pass
+def __exit__(self, exc_type, exc, tb):
+    return isinstance(exc, (aiohttp.ClientConnectorError, Gone))
 """
-    assert aiohttp_names_caught(bad) == ["ClientError", "ClientOSError", "ClientPayloadError",
-                                         "ServerDisconnectedError"]
+    assert sorted(aiohttp_names_caught(bad)) == sorted(["ClientError", "ClientOSError", "ClientPayloadError",
+                                                        "ServerDisconnectedError", "ClientConnectorError",
+                                                        "ServerDisconnectedError"])
 
 
 def test_the_checker_ignores_other_errors() -> None:

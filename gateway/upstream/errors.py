@@ -14,8 +14,7 @@ are there, and the proxy may import that room, not the other way round (DESIGN.m
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 import aiohttp
 
@@ -31,9 +30,11 @@ class Phase(enum.Enum):
     PROBE = "probe"  # a health check, model check or metrics scrape
 
 
-@contextmanager
-def mapped_errors(phase: Phase, backend: str = "") -> Iterator[None]:
+class mapped_errors:  # noqa: N801 -- used as a context manager, named like contextlib's
     """Raise aiohttp's errors inside the block as the gateway's (httpx's ``map_httpcore_exceptions``).
+
+    A class rather than a ``contextlib.contextmanager`` generator: the relay enters it around every
+    chunk it reads from a stream, and a generator's set-up costs several times a plain ``__enter__``.
 
     Args:
         phase: where the block is in the exchange; it decides the error's type and message.
@@ -50,19 +51,32 @@ def mapped_errors(phase: Phase, backend: str = "") -> Iterator[None]:
     Every other exception passes unchanged, the asyncio timeouts' `TimeoutError` included:
     their bounds and messages are the caller's.
     """
-    try:
-        yield
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+
+    __slots__ = ("phase", "backend")
+
+    def __init__(self, phase: Phase, backend: str = "") -> None:
+        self.phase, self.backend = phase, backend
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> bool:
+        if exc is None or not isinstance(exc, aiohttp.ClientError):
+            return False
+        raise _mapped(exc, self.phase, self.backend) from exc
+
+
+def _mapped(exc: aiohttp.ClientError, phase: Phase, backend: str) -> UpstreamError:
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
         if phase is Phase.OPENING or phase is Phase.PROBE:
-            raise UpstreamUnavailable(f"backend unreachable: {exc.__class__.__name__}: {exc}") from exc
-        raise _after_first_byte(exc, phase, backend) from exc
-    except aiohttp.ClientError as exc:
-        if phase is Phase.OPENING:
-            raise UpstreamReset(f"backend closed the connection before the first byte: {exc.__class__.__name__}") \
-                from exc
-        if phase is Phase.PROBE:
-            raise UpstreamReset(f"backend probe failed: {exc.__class__.__name__}: {exc}") from exc
-        raise _after_first_byte(exc, phase, backend) from exc
+            return UpstreamUnavailable(f"backend unreachable: {exc.__class__.__name__}: {exc}")
+        return _after_first_byte(exc, phase, backend)
+    if phase is Phase.OPENING:
+        return UpstreamReset(f"backend closed the connection before the first byte: {exc.__class__.__name__}")
+    if phase is Phase.PROBE:
+        return UpstreamReset(f"backend probe failed: {exc.__class__.__name__}: {exc}")
+    return _after_first_byte(exc, phase, backend)
 
 
 def _after_first_byte(exc: aiohttp.ClientError, phase: Phase, backend: str) -> UpstreamError:
