@@ -320,7 +320,7 @@ class RedisPrefixIndex:
     async def _await(self, what: str, future: asyncio.Future) -> Any:
         """A queued call's result, under the call's own deadline too (the batch has one)."""
         budget_s = self._timeout_s * CALL_DEADLINE_RATIO
-        with map_redis_errors(what, budget_s, late=f"waited longer than {budget_s:g} s"):
+        with map_redis_errors(what, budget_s, waited=True):
             async with Deadline(budget_s):
                 return await future
 

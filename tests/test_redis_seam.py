@@ -38,16 +38,31 @@ def root_name(node: ast.expr) -> str | None:
 
 
 def redis_excepts(source: str) -> list[int]:
-    """Lines of the ``except`` clauses that name something imported from redis."""
+    """Lines of the ``except`` clauses, and of the ``isinstance`` calls (how a context manager's
+    ``__exit__`` catches), that name something imported from redis."""
     tree = ast.parse(source)
     names = redis_names(tree)
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ExceptHandler) and node.type is not None:
-            caught = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
-            if any(root_name(c) in names for c in caught):
-                lines.append(node.lineno)
+            named = node.type
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            named = node.args[1]
+        else:
+            continue
+        caught = named.elts if isinstance(named, ast.Tuple) else [named]
+        if isinstance(node, ast.Call):  # an isinstance of a client class (RedisCluster) is no catch
+            caught = [c for c in caught if _is_error_name(c)]
+        if any(root_name(c) in names for c in caught):
+            lines.append(node.lineno)
     return lines
+
+
+def _is_error_name(node: ast.expr) -> bool:
+    """``X.FooError`` / ``FooError`` / ``...Exception``: an exception class by redis-py's naming."""
+    last = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return last.endswith(("Error", "Exception"))
 
 
 def imports_redis(source: str) -> bool:
@@ -74,18 +89,20 @@ def test_the_checker_sees_a_redis_except_and_an_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import redis.asyncio as r\n"
-        "from redis.exceptions import ConnectionError as Gone\n"
+        "from redis.exceptions import ConnectionError as GoneError\n"
         "async def f(c):\n"
         "    try:\n"
         "        await c.ping()\n"
-        "    except (Gone, OSError):\n"
+        "    except (GoneError, OSError):\n"
         "        pass\n"
         "    except r.RedisError:\n"
         "        pass\n"
         "    except ValueError:\n"
-        "        pass\n",
+        "        pass\n"
+        "def __exit__(self, t, exc, tb):\n"
+        "    return isinstance(exc, (GoneError, OSError)) or isinstance(c, r.RedisCluster)\n",
         encoding="utf-8")
-    assert redis_excepts(bad.read_text(encoding="utf-8")) == [6, 8]
+    assert redis_excepts(bad.read_text(encoding="utf-8")) == [6, 8, 13]
     assert imports_redis(bad.read_text(encoding="utf-8"))
     assert redis_excepts("try:\n    pass\nexcept OSError:\n    pass\n") == []
     assert not imports_redis("import redisx\nfrom prefix_index.redis_connect import RedisClient\n")
