@@ -5,7 +5,7 @@
     ├── Unauthorized                  401 authentication_error (+ WWW-Authenticate: Bearer)
     ├── ModelNotFound                 404 not_found_error
     ├── PayloadTooLarge               413 invalid_request_error
-    ├── UnsupportedMediaType          415 invalid_request_error (a Content-Encoding it cannot decode)
+    ├── UnsupportedMediaType          415 invalid_request_error (a Content-Type not JSON, a Content-Encoding it cannot decode)
     ├── NoHealthyBackend              503 service_unavailable_error
     ├── Overloaded                    503 service_unavailable_error (+ Retry-After: an admission cap)
     ├── ShuttingDown                  503 service_unavailable_error (the grace period ended)

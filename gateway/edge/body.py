@@ -43,6 +43,24 @@ def content_codings(header: str | None) -> list[str]:
     return [c for c in codings if c != "identity"]
 
 
+def check_content_type(header: str | None) -> None:
+    """The body must be JSON: a ``Content-Type`` of ``application/json`` or ``application/*+json``
+    (parameters such as ``charset`` ignored), or none at all, which FastAPI — and so vLLM's server —
+    also parses as JSON. Anything else (curl's ``-d`` sends ``application/x-www-form-urlencoded``)
+    is what vLLM answers with a validation error that does not name the header.
+
+    Raises:
+        UnsupportedMediaType: another media type; the message names it and the one wanted.
+    """
+    if not header:
+        return
+    media = header.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    raise UnsupportedMediaType(f"Content-Type {excerpt(media, 60)!r} is not supported: send the body as JSON with "
+                               "Content-Type: application/json (curl: -H 'Content-Type: application/json').")
+
+
 async def read_body(request: Request, limit_bytes: int, slot: Slot | None = None) -> bytes | bytearray:
     """The whole request body, decoded, refusing more than ``limit_bytes`` (before and after decoding).
 
@@ -53,11 +71,13 @@ async def read_body(request: Request, limit_bytes: int, slot: Slot | None = None
 
     Raises:
         PayloadTooLarge: the body (or its decoded form) is over ``limit_bytes``.
-        UnsupportedMediaType: a ``Content-Encoding`` other than gzip/deflate/identity.
+        UnsupportedMediaType: a ``Content-Type`` that is not JSON (`check_content_type`), or a
+            ``Content-Encoding`` other than gzip/deflate/identity.
         BadRequest: a gzip/deflate body that does not decode.
         Overloaded: the gateway's body-byte budget is spent (`gateway.edge.admission`).
         starlette.requests.ClientDisconnect: the client left mid-body.
     """
+    check_content_type(request.headers.get("content-type"))
     codings = content_codings(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     size = int(declared) if declared is not None and declared.isdigit() else None

@@ -60,6 +60,26 @@ def test_an_unsupported_coding_is_415_naming_it_and_a_corrupt_one_400() -> None:
         assert resp.status_code == 200 and resp.json()["model"] == MODEL
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain; charset=utf-8",
+                                          "multipart/form-data; boundary=x"])
+def test_a_body_that_is_not_declared_json_is_415_naming_its_content_type(content_type: str) -> None:
+    """curl's -d sends a form Content-Type: the gateway says so, where the backend (vLLM's FastAPI) would
+    answer "1 validation error: body: Input should be a valid dictionary" after a round trip (issue 27)."""
+    script = Script()
+    with run_fakes([script]) as (url,), run_gateway([backend_doc("b0", url)]) as gw:
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/kappa/route"):
+            resp = gw.http.post(path, content=RAW, headers={"content-type": content_type})
+            err = error_of(resp)
+            assert resp.status_code == 415 and err["type"] == "invalid_request_error", resp.text
+            media = content_type.split(";")[0]
+            assert f"'{media}'" in err["message"] and "application/json" in err["message"]
+        assert script.received == []  # refused at the edge, no backend round trip
+        for fine in ("application/json", "application/json; charset=utf-8", "application/vnd.api+json", None):
+            headers = {} if fine is None else {"content-type": fine}
+            resp = gw.http.post("/v1/chat/completions", content=RAW, headers=headers)
+            assert resp.status_code == 200, (fine, resp.text)
+
+
 def test_a_decompression_bomb_stops_at_the_body_limit() -> None:
     bomb = gzip.compress(b"{" + b" " * (64 * 1024 * 1024) + b"}")  # 64 MiB of JSON in ~64 KB
     with run_fakes([Script()]) as (url,), \
