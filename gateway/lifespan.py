@@ -24,6 +24,7 @@ import hot_path
 
 from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
+from gateway.backends.rotation import unhealthy_reason
 from gateway.replicas.peer_load import PeerLoad
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings
@@ -60,6 +61,15 @@ async def _refresh_gauges(telemetry: Telemetry) -> None:
             await asyncio.sleep(REFRESH_INTERVAL_S)
     finally:  # the worker stops (after its drain): its last updates reach the files
         telemetry.refresh()
+
+
+def _log_ready(settings: Settings, states: list[BackendState]) -> None:
+    """The start-up line: how many backends are up, and why each of the others is not."""
+    down = [f"{s.id} ({unhealthy_reason(s)})" for s in states if not s.healthy]
+    log.log(logging.WARNING if down else logging.INFO,
+            "gateway ready: %d/%d backends healthy%s, policy %s, %s index, hot path %s",
+            len(states) - len(down), len(states), f"; not up: {', '.join(down)}" if down else "",
+            settings.routing.policy, settings.index.backend, hot_path.describe())
 
 
 async def _cancel(task: asyncio.Task) -> None:
@@ -139,9 +149,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
             stack.push_async_callback(peer_redis.aclose)
             stack.push_async_callback(state.peers.stop)
         stack.push_async_callback(state.drain)
-        log.info("gateway ready: %d/%d backends healthy, policy %s, %s index, hot path %s",
-                 sum(s.healthy for s in states), len(states), settings.routing.policy, settings.index.backend,
-                 hot_path.describe())
+        _log_ready(settings, states)
         # Everything allocated so far lives as long as the app: keep it out of the cyclic GC's
         # full collections, which otherwise walk it again and again under load.
         gc.freeze()

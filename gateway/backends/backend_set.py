@@ -171,41 +171,42 @@ class BackendSet:
         await self._probe(state)
 
     async def _probe(self, state: BackendState) -> None:
+        error: str | None = None
         try:
             with mapped_errors(Phase.PROBE):
                 async with self._session.get(f"{state.entry.url}/health",
                                              timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-                    ok = resp.status == 200
-                if ok and not state.model_checked:
-                    ok = await self._serves_configured_model(state)
-        except (UpstreamError, TimeoutError):
-            ok = False
-        self.rotation.checked(state, ok, asyncio.get_running_loop().time())
+                    if resp.status != 200:
+                        error = f"GET /health answered HTTP {resp.status}"
+                if error is None and not state.model_checked:
+                    error = await self._model_error(state)
+        except UpstreamError as exc:  # refused, unreachable, DNS, reset (the seam's message names which)
+            error = str(exc)
+        except TimeoutError:
+            error = f"GET /health did not answer within {PROBE_TIMEOUT_S:g} s"
+        self.rotation.checked(state, error is None, asyncio.get_running_loop().time(), error)
 
-    async def _serves_configured_model(self, state: BackendState) -> bool:
-        """GET /v1/models once: a backend that lists other models only stays out of rotation.
-
-        A backend without the route (404) cannot be checked and is trusted. Its aiohttp and
-        timeout errors are the caller's (`_probe` maps them and counts them as a failed check).
-        """
+    async def _model_error(self, state: BackendState) -> str | None:
+        """GET /v1/models once: None if the backend lists the configured model (or has no such
+        route, 404: it cannot be checked and is trusted), else why not; a backend that lists other
+        models only stays out of rotation. Its aiohttp and timeout errors are the caller's
+        (`_probe` maps them and counts them as a failed check)."""
         async with self._session.get(f"{state.entry.url}/v1/models",
                                      timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             if resp.status == 404:
                 state.model_checked, state.serves_other_model = True, False
-                return True
+                return None
             if resp.status != 200:
-                return False
+                return f"GET /v1/models answered HTTP {resp.status}"
             try:
                 listed = {m.get("id") for m in (await resp.json(content_type=None)).get("data", [])}
             except (ValueError, AttributeError, TypeError):
                 listed = set()
         if state.entry.model in listed:
             state.model_checked, state.serves_other_model = True, False
-            return True
+            return None
         state.serves_other_model = True
-        log.error("backend %s serves %s, not the configured model %r: kept out of rotation",
-                  state.id, sorted(str(m) for m in listed) or "no models", state.entry.model)
-        return False
+        return f"serves {sorted(str(m) for m in listed) or 'no models'}, not the configured model {state.entry.model!r}"
 
     async def _scrape(self, state: BackendState) -> None:
         if not state.healthy:

@@ -39,6 +39,9 @@ class BackendState(Target):
     scrape_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True, repr=False)  # one scrape at a time
     last_scrape_s: float = field(default=-math.inf, kw_only=True)  # loop time the last scrape began
     down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
+    # Why its last health check failed (refused, DNS, timeout, an HTTP status, another model
+    # served), None once one passed: what /v1/kappa/backends and the log say of a backend not up.
+    check_error: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         self.kappa_fit = KappaCritFit(self.spec)

@@ -66,20 +66,26 @@ class Rotation:
             return [s for s in members if s.outlier.ever_healthy and not s.serves_other_model]
         return [s for s in members if s.healthy]
 
-    def checked(self, state: BackendState, ok: bool, now_s: float) -> None:
-        """Count one active health check of ``state`` and apply its consequences."""
+    def checked(self, state: BackendState, ok: bool, now_s: float, error: str | None = None) -> None:
+        """Count one active health check of ``state`` (``error``: why it failed) and apply its
+        consequences. Logged once per change: up, out of rotation, or — for a backend not up —
+        each new reason it is not (a backend that never came up says why from its first check)."""
         rec = state.outlier
         was = rec.hc_healthy
+        last_error, state.check_error = state.check_error, None if ok else (error or "failed")
         rec.checked(ok, unhealthy_threshold=self.unhealthy_threshold, healthy_threshold=self.healthy_threshold)
         if ok and rec.ejected and self.rules.successful_active_health_check_uneject_host:
             self._uneject(state, now_s, "it passed a health check")
         if rec.hc_healthy and not was:
             log.info("backend %s is up", state.id)
         elif was and not rec.hc_healthy:
-            log.warning("backend %s failed %d health checks in a row: out of rotation", state.id, rec.hc_failures)
+            log.warning("backend %s failed %d health checks in a row: out of rotation (%s)", state.id, rec.hc_failures,
+                        state.check_error)
         elif not ok and was:
-            log.info("backend %s failed a health check (%d of %d before it leaves rotation)", state.id,
-                     rec.hc_failures, self.unhealthy_threshold)
+            log.info("backend %s failed a health check (%d of %d before it leaves rotation): %s", state.id,
+                     rec.hc_failures, self.unhealthy_threshold, state.check_error)
+        elif not ok and state.check_error != last_error:
+            log.warning("backend %s is not up: %s", state.id, state.check_error)
         self.update(state, "it failed its health checks")
 
     def failed(self, state: BackendState, reason: str, *, gateway_failure: bool = True) -> None:
@@ -157,7 +163,8 @@ class Rotation:
         remaining_s = None
         if rec.ejected_until_s is not None:
             remaining_s = round(max(0.0, rec.ejected_until_s - asyncio.get_running_loop().time()), 3)
-        return {"health_check_passing": rec.hc_healthy, "health_check_failures": rec.hc_failures,
+        return {"unhealthy_reason": None if state.healthy else unhealthy_reason(state),
+                "health_check_passing": rec.hc_healthy, "health_check_failures": rec.hc_failures,
                 "serves_other_model": state.serves_other_model, "ejected": rec.ejected,
                 "ejection_remaining_s": remaining_s, "times_ejected": rec.times_ejected,
                 "consecutive_5xx": rec.consecutive_5xx, "consecutive_gateway_failure": rec.consecutive_gateway_failure}
@@ -187,3 +194,12 @@ class Rotation:
         state.outlier.uneject(now_s)
         log.info("backend %s back from ejection: %s", state.id, why)
         self.update(state, "")
+
+
+def unhealthy_reason(state: BackendState) -> str:
+    """Why ``state`` is out of rotation, in words: its ejection, or its last failed check's error."""
+    if state.outlier.ejected:
+        return f"ejected by outlier detection (ejection {state.outlier.times_ejected})"
+    if state.check_error is not None:
+        return state.check_error
+    return "not checked yet" if not state.outlier.ever_healthy else "failed its health checks"
