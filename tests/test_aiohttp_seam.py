@@ -16,6 +16,7 @@ import pytest
 
 from gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnavailable
 from gateway.upstream.errors import Phase, mapped_errors
+from tests.support.catches import catch_sites
 
 ROOT = Path(__file__).resolve().parents[1]
 SEAM = "gateway/upstream/errors.py"
@@ -48,15 +49,7 @@ def aiohttp_names_caught(source: str) -> list[str]:
         return expr.id if isinstance(expr, ast.Name) else None
 
     caught: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ExceptHandler) and node.type is not None:
-            named = node.type
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
-                and len(node.args) == 2:
-            named = node.args[1]
-        else:
-            continue
-        types = named.elts if isinstance(named, ast.Tuple) else [named]
+    for _, types in catch_sites(tree):
         for t in types:
             if isinstance(t, ast.Attribute) and root_name(t) in module_aliases:
                 caught.append(t.attr)

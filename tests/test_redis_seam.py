@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.catches import catch_sites
+
 ROOT = Path(__file__).resolve().parents[1]
 SEAM = "prefix_index/redis_errors.py"
 CHECKED = ("prefix_index", "gateway", "dispatch", "router")
@@ -43,15 +45,7 @@ def redis_excepts(source: str) -> list[int]:
     tree = ast.parse(source)
     names = redis_names(tree)
     lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ExceptHandler) and node.type is not None:
-            named = node.type
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
-                and len(node.args) == 2:
-            named = node.args[1]
-        else:
-            continue
-        caught = named.elts if isinstance(named, ast.Tuple) else [named]
+    for node, caught in catch_sites(tree):
         if isinstance(node, ast.Call):  # an isinstance of a client class (RedisCluster) is no catch
             caught = [c for c in caught if _is_error_name(c)]
         if any(root_name(c) in names for c in caught):
