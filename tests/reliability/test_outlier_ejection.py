@@ -56,9 +56,11 @@ def test_a_health_blip_on_every_backend_cuts_no_request_and_ejects_nothing() -> 
             [backend_doc("a", a.url), backend_doc("b", b.url)], routing=ROUND_ROBIN,
             gateway={"health_interval_s": interval_s}) as gw:
         def blip() -> None:
-            time.sleep(0.2)  # the requests are waiting on both backends by now
+            poll(lambda: len(a.posts) + len(b.posts) >= 4, "the requests waiting on both backends")
             a.health_status = b.health_status = 503
-            time.sleep(interval_s * 1.5)  # one or two failed checks: fewer than unhealthy_threshold (3)
+            # The blip under test: its length is the behaviour (one or two failed checks, fewer than
+            # unhealthy_threshold, 3), not a wait for readiness.
+            time.sleep(interval_s * 1.5)
             a.health_status = b.health_status = 200
 
         blipper = threading.Thread(target=blip)
