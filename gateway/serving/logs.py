@@ -63,6 +63,10 @@ class RedactUrls(logging.Filter):
     """A handler filter: the record's message and arguments redacted (module docstring)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == ACCESS_LOGGER:
+            # The gateway's access log writes its own fields (`gateway.edge.access_log`: ids, route, model,
+            # figures), never a URL: scanning its line, one per request, would cost ~11 µs for nothing.
+            return True
         if isinstance(record.msg, str):
             record.msg = redact_text(record.msg)
         if isinstance(record.args, tuple):
