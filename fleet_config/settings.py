@@ -61,16 +61,13 @@ from router.profiles import Catalog, ModelProfile
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # 32 MiB: a 128k-token prompt is ~0.5 MB of text; images are larger
 
 
-_Strict = StrictSection
-
-
 RetryCondition = Literal["connect-failure", "reset", "5xx", "timeout"]
 # Envoy's retry buffer default is 1 MiB; an LLM prompt of 128k tokens is ~0.5 MB of text, so
 # 4 MiB re-sends every text prompt and refuses to re-send large image payloads.
 DEFAULT_RETRY_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
-class RetrySection(_Strict):
+class RetrySection(StrictSection):
     """What the gateway retries on another backend, before the first byte only (never after).
 
     Attributes:
@@ -143,11 +140,11 @@ class GatewaySection(EdgeSettings):
         return data
 
 
-class ModelEntry(_Strict):
+class ModelEntry(StrictSection):
     profile: str
 
 
-class BackendEntry(_Strict):
+class BackendEntry(StrictSection):
     """One backend: where it is, what it serves, on what hardware."""
 
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
@@ -178,7 +175,7 @@ class BackendEntry(_Strict):
         return urlsplit(self.url).port  # validated present
 
 
-class Settings(_Strict):
+class Settings(StrictSection):
     """The whole validated config, plus the catalog it was checked against."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
