@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager
@@ -28,7 +27,7 @@ from fleet_config.catalog import default_catalog
 from gateway.replicas.peer_load import PeerLoad
 from router.cost import BackendSpec
 from tests.integration.gateway_support import peer_replica, replicas_met
-from tests.support.redis_server import _ping, free_port, stop_process
+from tests.support.redis_server import free_port, redis_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -40,21 +39,11 @@ OUTAGE_S = 2.5  # past the exchange's 1 s timeout, twice
 
 @contextmanager
 def redis_on(port: int) -> Iterator[subprocess.Popen]:
-    """A redis-server on ``port``, answering PING (polled), stopped on the way out."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    """A redis-server on ``port`` (`tests.support.redis_server.redis_process`), stopped on the way out."""
+    if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    with tempfile.TemporaryDirectory(prefix="kappa-redis-") as workdir:
-        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                 "no", "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 10
-            while not _ping(port):
-                assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.01)  # poll interval
-            yield proc
-        finally:
-            stop_process(proc)
+    with redis_process(port) as (_, proc):
+        yield proc
 
 
 def replica(url: str) -> AbstractAsyncContextManager[PeerLoad]:

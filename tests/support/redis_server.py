@@ -60,8 +60,9 @@ def frozen(proc: subprocess.Popen) -> Iterator[None]:
 
 
 @contextmanager
-def redis_process() -> Iterator[tuple[str, subprocess.Popen]]:
-    """As `redis_server`, also yielding the process (to SIGSTOP it, with `frozen`).
+def redis_process(port: int | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """As `redis_server`, also yielding the process (to SIGSTOP it, with `frozen`); on ``port`` when
+    given (a new server where a killed one listened), else on a free one.
 
     Raises:
         FileNotFoundError: no ``redis-server`` on PATH (``.ci/run`` installs it).
@@ -70,7 +71,7 @@ def redis_process() -> Iterator[tuple[str, subprocess.Popen]]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
+    port = free_port() if port is None else port
     with tempfile.TemporaryDirectory(prefix="kappa-redis-") as workdir:
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
