@@ -17,6 +17,7 @@ Usage::
 
     python bench/routing_quality.py            # the full sweep (about 10 minutes on 2 cores)
     python bench/routing_quality.py --quick    # a smoke run: fewer requests, no plots
+    python bench/routing_quality.py --middle-load --no-plots   # each workload at its middle load (~1.5 min)
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ PLAN: dict[str, Plan] = {
 }
 
 
+def middle_load(plan: Plan) -> float:
+    """A workload's middle rate scale (of three: the second)."""
+    return plan.rate_scales[len(plan.rate_scales) // 2]
+
+
 def load_fleets() -> dict[str, Fleet]:
     catalog = default_catalog()
     return {name: fleet_from_settings(load_settings(CONFIG_DIR / "fleets" / f"{name}.yaml", catalog, env={}),
@@ -94,8 +100,11 @@ def git_commit() -> str:
 
 
 def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bool, seed: int,
-                   workers: int | None) -> list[dict[str, Any]]:
-    """Every fleet × load × policy run of one workload, as JSON-ready rows."""
+                   workers: int | None, middle_only: bool = False) -> list[dict[str, Any]]:
+    """Every fleet × load × policy run of one workload, as JSON-ready rows (``middle_only``: its
+    middle load alone, the one the issues' done-when criteria name)."""
+    if middle_only:
+        plan = Plan(plan.requests, plan.quick_requests, (middle_load(plan),))
     n = plan.quick_requests if quick else plan.requests
     requests = build_workload(name, n, seed)
     span_s = requests[-1].arrival_s - requests[0].arrival_s if len(requests) > 1 else 0.0
@@ -110,7 +119,7 @@ def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bo
             "rate_rps": base_rps * job.rate_scale if base_rps else None, "requests": len(requests),
             "lower_bound": lower_bound_summary(bounds[job.fleet]), "policies": {}})
         report = policy_report(result) | lower_bound_ratios(result, bounds[job.fleet])
-        if job.rate_scale == plan.rate_scales[len(plan.rate_scales) // 2]:  # the CDF plot's load
+        if job.rate_scale == middle_load(plan):  # the CDF plot's load
             report["ttfts_s"] = [round(r.first_token_s - r.arrival_s, 4) for r in result.records
                                  if r.first_token_s is not None]
         row["policies"][job.policy] = report
@@ -119,6 +128,10 @@ def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bo
 
 def _f(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
+
+
+def _ms(seconds: float | None) -> str:
+    return _f(None if seconds is None else seconds * 1000, '.1f')
 
 
 def markdown(runs: Sequence[dict[str, Any]]) -> str:
@@ -139,8 +152,22 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
             f"{_f(k['ttft_p90_s'] / a['ttft_p90_s'] if a['ttft_p90_s'] else None, '.2f')} | "
             f"{_f(k['ttft_p50_lower_bound_ratio'], '.1f')} / {_f(k['ttft_p90_lower_bound_ratio'], '.1f')} | "
             f"{_f(a['ttft_p50_lower_bound_ratio'], '.1f')} / {_f(a['ttft_p90_lower_bound_ratio'], '.1f')} |")
-    header = ("| load | policy | TTFT p50 | p90 | p99 | E2E p50 | req/s | goodput | hit | host hit | J/req | "
-              "compute / transfer | ÷LB p50 | ÷LB p90 | ÷LB mean |")
+    lines += ["", "### κ routing against the best anchor policy end to end (E2E and ITL, seconds and ms)", "",
+              "| workload | fleet | load (req/s) | kappa E2E p50 / p90 | best anchor by E2E p90 | its E2E p50 / p90 | "
+              "kappa p90 ÷ anchor p90 | kappa ITL p50 / p90 | anchor ITL p50 / p90 |",
+              "| --- | --- | --- | --- | --- | --- | ---: | --- | --- |"]
+    for run in runs:
+        pol = run["policies"]
+        best = min(ANCHORS, key=lambda a: pol[a]["e2e_p90_s"] if pol[a].get("e2e_p90_s") is not None else float("inf"))
+        k, a = pol["kappa"], pol[best]
+        lines.append(
+            f"| {run['workload']} | {run['fleet']} | ×{run['rate_scale']:g} ({_f(run['rate_rps'], '.2f')}) | "
+            f"{_f(k['e2e_p50_s'], '.2f')} / {_f(k['e2e_p90_s'], '.2f')} | {best} | "
+            f"{_f(a['e2e_p50_s'], '.2f')} / {_f(a['e2e_p90_s'], '.2f')} | "
+            f"{_f(k['e2e_p90_s'] / a['e2e_p90_s'] if a['e2e_p90_s'] else None, '.2f')} | "
+            f"{_ms(k['itl_p50_s'])} / {_ms(k['itl_p90_s'])} | {_ms(a['itl_p50_s'])} / {_ms(a['itl_p90_s'])} |")
+    header = ("| load | policy | TTFT p50 | p90 | p99 | E2E p50 | E2E p90 | ITL p50 ms | ITL p90 ms | req/s | goodput | "
+              "hit | host hit | J/req | compute / transfer | ÷LB p50 | ÷LB p90 | ÷LB mean |")
     by_pair: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in runs:
         by_pair.setdefault((run["workload"], run["fleet"]), []).append(run)
@@ -148,13 +175,14 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
         lb = group[0]["lower_bound"]
         lines += ["", f"#### {workload} on {fleet} ({group[0]['requests']} requests; lower bound p50 "
                       f"{_f(lb['ttft_p50_s'], '.3f')} s, p90 {_f(lb['ttft_p90_s'], '.3f')} s)", "", header,
-                  "| --- | --- |" + " ---: |" * 13]
+                  "| --- | --- |" + " ---: |" * 16]
         for run in group:
             for name, p in run["policies"].items():
                 reg = p["regime_share"]
                 lines.append(
                     f"| ×{run['rate_scale']:g} | {name} | {_f(p['ttft_p50_s'], '.3f')} | {_f(p['ttft_p90_s'], '.3f')} | "
-                    f"{_f(p['ttft_p99_s'], '.3f')} | {_f(p['e2e_p50_s'], '.2f')} | {_f(p['throughput_rps'], '.2f')} | "
+                    f"{_f(p['ttft_p99_s'], '.3f')} | {_f(p['e2e_p50_s'], '.2f')} | {_f(p['e2e_p90_s'], '.2f')} | "
+                    f"{_ms(p['itl_p50_s'])} | {_ms(p['itl_p90_s'])} | {_f(p['throughput_rps'], '.2f')} | "
                     f"{_f(p['goodput_rps'], '.2f')} | {_f(p['prefix_hit_ratio'], '.0%')} | "
                     f"{_f(p['host_hit_ratio'], '.0%')} | {_f(p['energy_per_request_j'], ',.0f')} | "
                     f"{_f(reg['compute'], '.0%')} / {_f(reg['transfer'], '.0%')} | "
@@ -233,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                 "[_quick].json)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the tables to this file")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--middle-load", action="store_true", help="each workload at its middle load only")
     args = parser.parse_args(argv)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = [w for w in names if w not in PLAN]
@@ -246,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         t0 = time.perf_counter()
         try:
-            runs += sweep_workload(name, PLAN[name], fleets, quick=args.quick, seed=args.seed, workers=args.workers)
+            runs += sweep_workload(name, PLAN[name], fleets, quick=args.quick, seed=args.seed, workers=args.workers,
+                                   middle_only=args.middle_load)
         except FileNotFoundError as exc:  # a real trace absent on this machine
             skipped[name] = str(exc)
             print(f"skipping {name}: {exc}", file=sys.stderr)
@@ -260,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "wall_s": round(wall_s, 1),
                     "workloads": {w: WORKLOADS[w].description for w in names}},
            "runs": runs}
-    out = args.out or RESULTS / ("routing_quality_quick.json" if args.quick else "routing_quality.json")
+    out = args.out or RESULTS / ("routing_quality_quick.json" if args.quick else
+                                 "routing_quality_middle.json" if args.middle_load else "routing_quality.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     # One run per line: readable diffs without a line per TTFT.
     out.write_text('{"meta": ' + json.dumps(doc["meta"], indent=1) + ',\n "runs": [\n'
@@ -269,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(tables)
     if args.markdown:
         args.markdown.write_text(tables)
-    if not (args.quick or args.no_plots) and runs:
+    if not (args.quick or args.no_plots or args.middle_load) and runs:
         for path in plot(runs, out.parent):
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}", file=sys.stderr)
     print(f"wrote {out}; {wall_s:.0f} s in all", file=sys.stderr)

@@ -256,8 +256,12 @@ class Dispatcher:
         est = candidate.estimate
         model, hashes = plan.request.model, plan.request.hashes
         self.pending.add(model, target.id, hashes)
+        features = plan.features
+        output = max(features.max_tokens, 1)
         return Ticket(target.ledger, est.kv_demand_bytes, est.prefill_s,
-                      on_finish=lambda: self.pending.remove(model, target.id, hashes))
+                      on_finish=lambda: self.pending.remove(model, target.id, hashes),
+                      context_tokens=features.sequences * (features.prompt_tokens + output / 2.0),
+                      output_tokens=float(features.sequences * output))
 
     def records_anything(self, hashes: Sequence[int], holders: Literal["both", "backend", "kv_pool"] = "both") -> bool:
         """Whether `record` with these arguments would tell the index anything (a chain, and for
@@ -368,4 +372,6 @@ def _view(target: Target, match: BlockMatch, capacity: TierCapacity) -> BackendV
         outstanding_prefill_s=ledger.total_outstanding_prefill_s, kv_capacity_bytes=target.kv_capacity_bytes,
         num_requests_waiting=m.num_requests_waiting, num_requests_running=m.num_requests_running,
         kv_cache_usage_ratio=m.kv_cache_usage_ratio,
+        context_tokens=ledger.total_context_tokens, output_tokens=ledger.total_output_tokens,
+        foreign_requests=target.foreign_requests,
     )

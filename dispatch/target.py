@@ -62,8 +62,11 @@ class Target:
         host_tier_bytes: its host-memory KV offload tier, bytes (0: none).
         num_gpu_blocks_override: the config's vLLM ``--num-gpu-blocks-override`` (KV capacity
             until a scrape reports the real one).
-        metrics: the last scrape (replaced whole by the owner at each scrape).
+        metrics: the last scrape (replaced whole by the owner at each scrape, through `scraped`).
         ledger: the gateway's charges there.
+        foreign_requests: requests the last scrape found there beyond the gateway's own ledger
+            at that moment (``num_requests_running + num_requests_waiting − in flight``, ≥ 0):
+            traffic that did not come through this gateway or its replicas (`scraped`).
     """
 
     id: str
@@ -72,7 +75,17 @@ class Target:
     num_gpu_blocks_override: int | None = None
     metrics: BackendMetrics = field(default_factory=BackendMetrics)
     ledger: Ledger = field(default_factory=Ledger)
+    foreign_requests: int = 0
     _kv_capacity: tuple[BackendMetrics, float] | None = field(default=None, init=False, repr=False)
+
+    def scraped(self, metrics: BackendMetrics) -> None:
+        """Take a new scrape: it replaces `metrics`, and sets `foreign_requests` from its counts
+        against the ledger now. Compared at the scrape, not at each decision: a count a second
+        old set against the ledger of now would count requests that ended since as still there
+        (measured: it moved the simulator's TTFT p90 by up to 20%, BENCHMARKS.md issue 25)."""
+        self.metrics = metrics
+        seen = metrics.num_requests_running + metrics.num_requests_waiting
+        self.foreign_requests = max(seen - self.ledger.total_in_flight, 0)
 
     @property
     def kv_capacity_bytes(self) -> float:

@@ -53,6 +53,7 @@ MYPYC_MODULES = (
     "router/cost.py",
     "router/types.py",
     "router/candidates.py",
+    "router/decode.py",
     "router/decide.py",
     "router/calibration.py",
     "router/policies/base.py",
@@ -100,11 +101,22 @@ def _builds(root: Path) -> list[tuple[Path, tuple[Path, ...]]]:
 
 def stale_modules(root: Path = ROOT) -> list[str]:
     """Compiled modules under ``root`` older than a file they are built from (module paths
-    relative to ``root``, without suffix)."""
+    relative to ``root``, without suffix).
+
+    A mypyc module is two files: a small shim named after the module and the group's library
+    (``MYPYC_GROUP``), which holds the code. A rebuild rewrites the library but copies a shim
+    only when it changed, so a module counts as built at the later of the two: an in-place
+    rebuild after an edit is not taken for a stale build."""
+    group = _extension_of(root / f"{MYPYC_GROUP}__mypyc.py")
+    group_mtime = group.stat().st_mtime if group is not None else 0.0
+    mypyc = {root / m for m in MYPYC_MODULES}
     stale = []
     for anchor, inputs in _builds(root):
         built = _extension_of(anchor)
-        if built is not None and any(i.exists() and i.stat().st_mtime > built.stat().st_mtime for i in inputs):
+        if built is None:
+            continue
+        built_mtime = max(built.stat().st_mtime, group_mtime) if anchor in mypyc else built.stat().st_mtime
+        if any(i.exists() and i.stat().st_mtime > built_mtime for i in inputs):
             stale.append(anchor.relative_to(root).with_suffix("").as_posix())
     return stale
 

@@ -54,6 +54,11 @@ class BackendView(NamedTuple):
             (loadable from it; included in ``matched_blocks``).
         in_flight_blocks: leading blocks that requests the gateway has in flight there hold
             (their KV is already in ``kv_demand_bytes``: not charged again).
+        context_tokens: Σ over the requests in flight there of the context their decode steps
+            read, sequences · (prompt + max_tokens / 2), tokens (`dispatch.Ledger`).
+        output_tokens: Σ over them of sequences · max_tokens, tokens.
+        foreign_requests: requests the last scrape found there beyond the ledger (traffic that
+            bypassed the gateway; `dispatch.Target.scraped`).
         cached_blocks: blocks the index holds for this backend (its "tree size").
         in_flight: requests the gateway has sent there and not seen finish.
         kv_demand_bytes: KV bytes charged to those requests ((K+T+max_tokens)·B_kv each).
@@ -78,6 +83,9 @@ class BackendView(NamedTuple):
     kv_cache_usage_ratio: float = 0.0
     kv_pool_blocks: int = 0
     in_flight_blocks: int = 0
+    context_tokens: float = 0.0
+    output_tokens: float = 0.0
+    foreign_requests: int = 0
 
     @property
     def free_kv_bytes(self) -> float:

@@ -116,10 +116,14 @@ def sync_peers(replicas: list[Replica]) -> None:
         in_flight = sum(x.in_flight for x in ledgers)
         kv = sum(x.kv_demand_bytes for x in ledgers)
         prefill = sum(x.outstanding_prefill_s for x in ledgers)
+        context = sum(x.context_tokens for x in ledgers)
+        output = sum(x.output_tokens for x in ledgers)
         for x in ledgers:
             x.peer_in_flight = in_flight - x.in_flight
             x.peer_kv_demand_bytes = kv - x.kv_demand_bytes
             x.peer_outstanding_prefill_s = prefill - x.outstanding_prefill_s
+            x.peer_context_tokens = context - x.context_tokens
+            x.peer_output_tokens = output - x.output_tokens
 
 
 class Spreader:

@@ -2,8 +2,10 @@
 
 Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
 
-- TTFT = first token − arrival; E2E = finish − arrival; percentiles with linear
-  interpolation (`percentile`), over finished requests.
+- TTFT = first token − arrival; E2E = finish − arrival; ITL = a request's mean time per
+  output token after the first, (finish − first token) / (max_tokens − 1), over requests of
+  two tokens or more (the client's mean gap between content chunks, `gateway.commands.replay`);
+  percentiles with linear interpolation (`percentile`), over finished requests.
 - throughput_rps = finished requests / makespan, makespan = last finish − first arrival.
 - goodput_rps = finished requests with TTFT ≤ ``ttft_slo_s`` / makespan.
 - energy_per_request_j = the whole fleet's joules over the makespan (idle included) /
@@ -62,7 +64,8 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     """Summarise one run (definitions in the module docstring).
 
     Returns:
-        ``{"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "throughput_rps",
+        ``{"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "itl_p50_s",
+        "itl_p90_s", "throughput_rps",
         "goodput_rps", "ttft_slo_s", "energy_per_request_j", "energy_j", "prefix_hit_ratio",
         "host_hit_ratio", "kv_pool_hit_ratio", "regime_share": {"compute", "transfer"}, "requests", "finished",
         "rejected", "makespan_s", "high_kappa_threshold", "large_t_threshold_tokens",
@@ -75,6 +78,8 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     done = [r for r in result.records if r.finish_s is not None and r.first_token_s is not None]
     makespan = result.end_s - result.start_s
     ttfts = [r.first_token_s - r.arrival_s for r in done]
+    e2es = [r.finish_s - r.arrival_s for r in done]
+    itls = [(r.finish_s - r.first_token_s) / (r.max_tokens - 1) for r in done if r.max_tokens > 1]
     prompt = sum(r.prompt_tokens for r in done)
     cached = sum(r.cached_tokens for r in done)
     host = sum(r.cached_host_tokens for r in done)
@@ -89,7 +94,8 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     backends = _backend_rows(result, done, high_kappa, large_t, n_high, n_large)
     return {
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90), "ttft_p99_s": percentile(ttfts, 99),
-        "e2e_p50_s": percentile([r.finish_s - r.arrival_s for r in done], 50),
+        "e2e_p50_s": percentile(e2es, 50), "e2e_p90_s": percentile(e2es, 90), "e2e_p99_s": percentile(e2es, 99),
+        "itl_p50_s": percentile(itls, 50), "itl_p90_s": percentile(itls, 90),
         "throughput_rps": len(done) / makespan if makespan > 0 else None,
         "goodput_rps": sum(t <= ttft_slo_s for t in ttfts) / makespan if makespan > 0 else None,
         "ttft_slo_s": ttft_slo_s,

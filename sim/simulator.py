@@ -174,9 +174,9 @@ class _Backend(Target):
     def scrape(self) -> None:
         """What a scrape of vLLM's /metrics would read now."""
         stats = self.source.engine.stats
-        self.metrics = replace(self.metrics, num_requests_waiting=stats.num_requests_waiting,
-                               num_requests_running=stats.num_requests_running,
-                               kv_cache_usage_ratio=stats.kv_cache_usage_ratio)
+        self.scraped(replace(self.metrics, num_requests_waiting=stats.num_requests_waiting,
+                             num_requests_running=stats.num_requests_running,
+                             kv_cache_usage_ratio=stats.kv_cache_usage_ratio))
 
 
 class _Active:

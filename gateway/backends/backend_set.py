@@ -227,7 +227,7 @@ class BackendSet:
             log.debug("scrape of %s failed: %s", state.id, exc)
             return
         previous = state.metrics
-        state.metrics = metrics
+        state.scraped(metrics)
         interval = state.prefill_feed.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s)
         if interval is not None and state.kappa_fit.observe(interval):
             self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())

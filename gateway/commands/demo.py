@@ -87,7 +87,7 @@ def gateway_process(settings: Settings) -> Iterator[str]:
         Path(f.name).unlink(missing_ok=True)
 
 
-def _scrape(url: str) -> dict[str, float]:
+def scrape_metrics(url: str) -> dict[str, float]:
     """Sample name → summed value from a /metrics page (empty if unreachable); also
     ``name{label="value"}`` → the sum over the samples carrying that one label value."""
     try:
@@ -137,8 +137,8 @@ def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rat
     with mock_fleet(settings, time_scale=time_scale), gateway_process(settings) as url:
         results = asyncio.run(replay(reqs, url=url, model=settings.served_models()[0], speedup=speedup / time_scale,
                                      concurrency=512, progress=progress))
-        backend_metrics = {b.id: _scrape(b.url) for b in settings.backends}
-        gateway_metrics = _scrape(url)
+        backend_metrics = {b.id: scrape_metrics(b.url) for b in settings.backends}
+        gateway_metrics = scrape_metrics(url)
         measured = _measured_kappa_crit(url)
     report = build_report(settings, results, backend_metrics, gateway_metrics, time_scale)
     report["kappa_crit_measured"] = measured

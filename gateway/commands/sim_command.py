@@ -102,6 +102,10 @@ def _f(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _ms(seconds: float | None) -> str:
+    return _f(None if seconds is None else seconds * 1000, ".1f")
+
+
 def print_sim_report(report: dict[str, Any], console: Console) -> None:
     """Print `run_sim`'s result for a person: one row per policy, then requests per backend."""
     run = report["run"]
@@ -113,17 +117,18 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
                            f"{run['index_lag_s'] * 1000:g} ms index lag)" if run.get("gateway_replicas", 1) > 1 else "")
                         + f", {run['wall_s']} s",
                   caption=f"goodput: requests with TTFT ≤ {run['ttft_slo_s']:g} s, per second")
-    for col in ("policy", "TTFT p50", "p90", "p99", "E2E p50", "req/s", "goodput", "J/req", "hit", "host hit",
-                "pool hit", "compute/xfer"):
+    for col in ("policy", "TTFT p50", "p90", "p99", "E2E p50", "E2E p90", "ITL p50 ms", "p90 ms", "req/s", "goodput",
+                "J/req", "hit", "host hit", "pool hit", "compute/xfer"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for name, p in report["policies"].items():
         regimes = p["regime_share"]
         table.add_row(name, _f(p["ttft_p50_s"], ".3f"), _f(p["ttft_p90_s"], ".3f"), _f(p["ttft_p99_s"], ".3f"),
-                      _f(p["e2e_p50_s"], ".2f"), _f(p["throughput_rps"], ".3f"), _f(p["goodput_rps"], ".3f"),
+                      _f(p["e2e_p50_s"], ".2f"), _f(p["e2e_p90_s"], ".2f"), _ms(p["itl_p50_s"]), _ms(p["itl_p90_s"]),
+                      _f(p["throughput_rps"], ".3f"), _f(p["goodput_rps"], ".3f"),
                       _f(p["energy_per_request_j"], ",.0f"), _f(p["prefix_hit_ratio"], ".1%"),
                       _f(p["host_hit_ratio"], ".1%"), _f(p.get("kv_pool_hit_ratio"), ".1%"),
                       f"{_f(regimes['compute'], '.0%')}/{_f(regimes['transfer'], '.0%')}")
-    console = Console(width=max(console.width, 140))
+    console = Console(width=max(console.width, 170))
     console.print(table)
     per_backend = Table(title="per backend: requests (share of them high-κ, share large-T)")
     per_backend.add_column("policy", no_wrap=True)

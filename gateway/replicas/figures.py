@@ -1,8 +1,10 @@
 """What replicas exchange through Redis (`gateway.replicas.peer_load`): the script, the figures' format, their sums.
 
-Each replica keeps, per backend of its config, three figures in its hash
-``<key_prefix>:{peers}:r:<replica id>`` (field: backend id): in-flight requests, KV demand bytes and
-outstanding prefill seconds, written as one space-separated string (`pack_figures`). A reader sums
+Each replica keeps, per backend of its config, five figures in its hash
+``<key_prefix>:{peers}:r:<replica id>`` (field: backend id): in-flight requests, KV demand bytes,
+outstanding prefill seconds, decode context tokens and output tokens (`dispatch.Ledger`), written as
+one space-separated string (`pack_figures`); a reader takes a replica of an older version's three
+figures with the last two at 0. A reader sums
 the others' figures per backend (`sum_figures`); a member whose hash is gone (its lease ran out)
 is reported so that the reader drops it.
 
@@ -53,11 +55,15 @@ def replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+FIGURES = 5  # in flight, KV demand bytes, outstanding prefill s, context tokens, output tokens
+
+
 def pack_figures(target: Target) -> str:
-    """A backend's figures as this replica writes them: in-flight requests, KV demand bytes and
-    outstanding prefill seconds, space-separated."""
+    """A backend's figures as this replica writes them: in-flight requests, KV demand bytes,
+    outstanding prefill seconds, decode context tokens and output tokens, space-separated."""
     ledger = target.ledger
-    return f"{ledger.in_flight} {ledger.kv_demand_bytes:.0f} {ledger.outstanding_prefill_s:.6f}"
+    return (f"{ledger.in_flight} {ledger.kv_demand_bytes:.0f} {ledger.outstanding_prefill_s:.6f} "
+            f"{ledger.context_tokens:.0f} {ledger.output_tokens:.0f}")
 
 
 def text(value: bytes | str) -> str:
@@ -76,13 +82,14 @@ def sum_figures(backend_ids: list[str], others: list[str],
             a member whose hash is gone.
 
     Returns:
-        backend id -> [in-flight requests, KV demand bytes, outstanding prefill seconds] (zeros
-        where no other replica has any), and the members whose hash is gone.
+        backend id -> [in-flight requests, KV demand bytes, outstanding prefill seconds, context
+        tokens, output tokens] (zeros where no other replica has any; the last two 0 from a
+        replica that writes three), and the members whose hash is gone.
 
     Raises:
         ValueError: ``tables`` does not match ``others``, or a figure is not a number.
     """
-    sums: dict[str, list[float]] = {b: [0, 0.0, 0.0] for b in backend_ids}
+    sums: dict[str, list[float]] = {b: [0, 0.0, 0.0, 0.0, 0.0] for b in backend_ids}
     gone = []
     for member, table in zip(others, tables, strict=True):
         if not table:
@@ -93,7 +100,8 @@ def sum_figures(backend_ids: list[str], others: list[str],
             if row is None:
                 continue  # a backend this replica's config does not have
             figures = text(table[j + 1]).split()
-            row[0] += float(figures[0])
-            row[1] += float(figures[1])
-            row[2] += float(figures[2])
+            if len(figures) < 3:
+                raise ValueError(f"expected at least 3 figures, got {len(figures)}")
+            for k in range(min(len(figures), FIGURES)):
+                row[k] += float(figures[k])
     return sums, gone

@@ -60,10 +60,12 @@ class PeerView:
         """
         sums, gone = sum_figures([t.id for t in self.targets], others, tables)
         for t in self.targets:
-            in_flight, kv, prefill = sums[t.id]
+            in_flight, kv, prefill, context, output = sums[t.id]
             t.ledger.peer_in_flight = int(in_flight)
             t.ledger.peer_kv_demand_bytes = kv
             t.ledger.peer_outstanding_prefill_s = prefill
+            t.ledger.peer_context_tokens = context
+            t.ledger.peer_output_tokens = output
         self.others = [m for m in others if m not in gone]
         self.replicas_seen = 1 + len(self.others)
         return gone
@@ -74,4 +76,5 @@ class PeerView:
         for t in self.targets:
             t.ledger.peer_in_flight = 0
             t.ledger.peer_kv_demand_bytes = t.ledger.peer_outstanding_prefill_s = 0.0
+            t.ledger.peer_context_tokens = t.ledger.peer_output_tokens = 0.0
         self.replicas_seen = 1

@@ -22,6 +22,7 @@ from gateway.backends.kappa_feed import measured_fields
 from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.cost import BackendSpec, RequestShape, predict
+from router.decode import estimate_decode
 from router.profiles import GB
 
 
@@ -106,7 +107,11 @@ async def backends(gw: State) -> dict:
     κ_M·κ_HW at the host link), ``kappa_crit_linear_measured`` (the online fit of
     the backend's prefill times, `router.kappa_fit`, with its 95% ``_ci`` and ``kappa_fit``; null
     until measured), ``kappa_crit_reference``
-    (`kappa_crit_reference`: the per-request κ_crit at reference T, by link)."""
+    (`kappa_crit_reference`: the per-request κ_crit at reference T, by link).
+
+    The decode batch the router prices (`router.decode`): ``decode_context_tokens`` and
+    ``decode_output_tokens`` of the requests in flight (this replica's and its peers'), and
+    ``foreign_requests``, those the last scrape found beyond them."""
     try:
         index_blocks: dict[str, int] | None = (await gw.index.stats()).blocks_by_backend
     except PrefixIndexError:
@@ -129,6 +134,8 @@ async def backends(gw: State) -> dict:
             "peer_outstanding_prefill_s": s.ledger.peer_outstanding_prefill_s,
             "kv_capacity_bytes": s.kv_capacity_bytes, "host_tier_bytes": s.host_tier_bytes,
             "outstanding_prefill_s": s.ledger.outstanding_prefill_s,
+            "decode_context_tokens": s.ledger.total_context_tokens, "decode_output_tokens": s.ledger.total_output_tokens,
+            "foreign_requests": s.foreign_requests,
             "num_requests_waiting": m.num_requests_waiting, "num_requests_running": m.num_requests_running,
             "kv_cache_usage_ratio": m.kv_cache_usage_ratio,
             "cached_blocks": None if index_blocks is None else index_blocks.get(s.id, 0),
@@ -153,7 +160,11 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     host tier + pool), ``kappa_crit`` (this request's κ_crit there: at its T and K_hbm, over
     the link its loads cross; null where no K makes it transfer-bound) and ``regime``
     (transfer iff kappa_ratio_loaded > kappa_crit); ``kappa_crit_linear`` is the backend's
-    T-independent figure, for comparison. ``load_only_reason`` is null, or why the body would be
+    T-independent figure, for comparison. The decode in the batch each backend holds
+    (`router.decode.DecodeEstimate`, whatever the policy): ``predicted_itl_s`` (seconds per output
+    token with this request in the batch), ``predicted_decode_s``, ``predicted_e2e_s`` (TTFT +
+    decode), ``predicted_interference_s`` (the seconds it would add to the E2E of the requests
+    already there) and ``decode_batch_requests``. ``load_only_reason`` is null, or why the body would be
     routed on load alone, without prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``)."""
     slot = gw.admission.admit()
     try:
@@ -176,9 +187,11 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
     parsed = gw.routing.parse_loaded(kind, body, len(raw))
     plan = await gw.routing.plan(parsed, dry_run=True)
     rank = {c.backend_id: i for i, c in enumerate(plan.decision.ranked)}
+    views = {v.backend_id: v for v in plan.views}
     candidates = []
     for c in sorted(plan.decision.ranked, key=lambda c: rank[c.backend_id]):
         est = c.estimate
+        decode = estimate_decode(plan.features, est, views[c.backend_id])
         candidates.append({
             "backend": c.backend_id, "rank": rank[c.backend_id],
             "hardware": plan.targets[c.backend_id].entry.hardware,
@@ -189,6 +202,8 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
             "kappa_crit_linear": plan.targets[c.backend_id].spec.kappa_crit_linear,
             "regime": est.regime.value, "admitted": c.admitted,
             "predicted_ttft_s": est.ttft_s, "predicted_prefill_s": est.prefill_s,
+            "predicted_itl_s": decode.itl_s, "predicted_decode_s": decode.decode_s, "predicted_e2e_s": decode.e2e_s,
+            "predicted_interference_s": decode.interference_s, "decode_batch_requests": decode.batch_requests,
             "t_compute_s": est.t_compute_s, "t_load_s": est.t_load_s,
             "predicted_energy_j": est.energy_j, "kv_demand_bytes": est.kv_demand_bytes,
         })

@@ -1,25 +1,34 @@
-"""``kappa`` (default): least predicted TTFT plus the prefill work it adds, under memory-aware
-admission, ties to lower energy.
+"""``kappa`` (default): least predicted E2E plus what the request costs the others, under
+memory-aware admission, ties to lower energy.
 
 Category: cost (affinity and distribution priced at once). For each candidate the cost model
-(`router.cost.predict`) prices this request on that backend — its cached prefix by tier,
-its T, the backend's C_eff and its host and pool links, and the prefill work the gateway
-already queued there — so a high-κ request goes where loading its prefix is cheap (KV in
-HBM, or a fast link) and a large-T prefill where compute is dense. The score is
+prices this request on that backend: `router.cost.predict` its prefill (its cached prefix by
+tier, its T, the backend's C_eff and its host and pool links, the prefill work the gateway
+already queued there) and `router.decode.estimate_decode` its decode in the batch the backend
+holds (the step time with it, and what it adds to everyone decoding there). A high-κ request
+goes where loading its prefix is cheap (KV in HBM, or a fast link), a large-T prefill where
+compute is dense, and a long answer where the decode batch leaves it bandwidth. The score is
 
-    predicted TTFT + work_weight · predicted prefill seconds
+    ttft_weight · predicted TTFT + decode_weight · predicted decode seconds
+      + work_weight · predicted prefill seconds + interference_weight · interference seconds
 
-The second term is what this request costs the others: its prefill holds that backend for
-prefill seconds, and every request queued behind it waits as long. Greedy TTFT alone
-ignores it, and under load moves a conversation off the backend holding its prefix to a
-shorter queue where it recomputes the prefix, work that then delays everyone there. With
-nothing queued the term changes little: the fastest prefill is usually also the least work.
-Its effect on the simulated workloads is measured in BENCHMARKS.md (`bench/routing_quality.py`).
+- TTFT + decode is the request's own predicted E2E.
+- The prefill term is what it costs the requests that queue behind it: its prefill holds that
+  backend for prefill seconds, and each one queued behind waits as long. Greedy TTFT alone
+  ignores it, and under load moves a conversation off the backend holding its prefix to a
+  shorter queue where it recomputes the prefix, work that then delays everyone there.
+- The interference term is what it costs the requests already decoding there: its prefill
+  chunks stall their decode steps, and its KV makes each step they share slower
+  (`router.decode`). Pricing the prefill alone piles requests on the compute-dense backends,
+  whose decode batches then grow until the answers that finish last are theirs (issue 25).
 
-Backends where (K + T + max_tokens)·B_kv does not fit the free KV memory rank after those
-where it does. Among candidates whose score is within ``energy_tie_ratio`` of the best,
-the lower predicted energy wins (power-capped and transfer-bound placements are cheaper in
-joules).
+``decode_weight`` 0 and ``interference_weight`` 0 give the TTFT objective (κ before issue 25).
+With ``ttft_slo_s`` > 0, candidates predicted to meet that TTFT rank before those that would
+not (TTFT first where the SLO is TTFT-bound), each group by its score. Backends where
+(K + T + max_tokens)·B_kv does not fit the free KV memory rank after those where it does.
+Among candidates whose score is within ``energy_tie_ratio`` of the best, the lower predicted
+energy wins (power-capped and transfer-bound placements are cheaper in joules). Measured in
+BENCHMARKS.md (`bench/routing_quality.py`, `bench/routing_live.py`).
 
 Parameters: `KappaParams`.
 
@@ -30,6 +39,9 @@ YAML::
       params:
         energy_tie_ratio: 0.05
         work_weight: 1.0
+        decode_weight: 1.0
+        interference_weight: 1.0
+        ttft_slo_s: 0.0
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
+from router.decode import DecodeEstimate, estimate_decode
 from router.policies.base import params_reduce, parse_params, require
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
@@ -51,6 +64,11 @@ DEFAULT_ENERGY_TIE_RATIO = 0.05
 # Each second this request's prefill holds a backend is a second every request queued behind
 # it waits: weight 1 charges it once, as one more waiting request would feel it.
 DEFAULT_WORK_WEIGHT = 1.0
+# The request's own E2E counts TTFT and decode alike: a user streaming an answer waits for both.
+DEFAULT_TTFT_WEIGHT = 1.0
+DEFAULT_DECODE_WEIGHT = 1.0
+# Each second it adds to another request's E2E counts as a second of its own.
+DEFAULT_INTERFERENCE_WEIGHT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +79,13 @@ class KappaParams:
         energy_tie_ratio: relative score band, in [0, 1), within which candidates count as
             tied and the lower predicted energy wins (0.05: a score ≤ 1.05 × the best).
         work_weight: weight (seconds per second, ≥ 0) of the request's own predicted prefill
-            seconds added to its predicted TTFT; 0 ranks by predicted TTFT alone.
+            seconds (what it costs the requests queued behind it).
+        ttft_weight: weight (≥ 0) of its predicted TTFT.
+        decode_weight: weight (≥ 0) of its predicted decode seconds (E2E − TTFT); 0, with
+            ``interference_weight`` 0, ranks by TTFT and prefill work alone.
+        interference_weight: weight (≥ 0) of the seconds it adds to the E2E of the requests
+            already on the backend (`router.decode`).
+        ttft_slo_s: a TTFT SLO, s (≥ 0; 0: none): candidates predicted within it rank first.
 
     Raises:
         PolicyConfigError: a value out of range (the message names the parameter).
@@ -69,6 +93,10 @@ class KappaParams:
 
     energy_tie_ratio: float = DEFAULT_ENERGY_TIE_RATIO
     work_weight: float = DEFAULT_WORK_WEIGHT
+    ttft_weight: float = DEFAULT_TTFT_WEIGHT
+    decode_weight: float = DEFAULT_DECODE_WEIGHT
+    interference_weight: float = DEFAULT_INTERFERENCE_WEIGHT
+    ttft_slo_s: float = 0.0
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         return params_reduce(self)
@@ -77,6 +105,16 @@ class KappaParams:
         ratio, weight = self.energy_tie_ratio, self.work_weight
         require(NAME, "energy_tie_ratio", ratio, 0 <= ratio < 1, "in [0, 1)")
         require(NAME, "work_weight", weight, weight >= 0, ">= 0")
+        for name in ("ttft_weight", "decode_weight", "interference_weight", "ttft_slo_s"):
+            value = getattr(self, name)
+            require(NAME, name, value, value >= 0, ">= 0")
+        if self.ttft_weight + self.decode_weight + self.work_weight + self.interference_weight == 0:
+            require(NAME, "ttft_weight", self.ttft_weight, False, "> 0 when every other weight is 0")
+
+    @property
+    def prices_decode(self) -> bool:
+        """Whether the score needs the decode estimate (`router.decode`)."""
+        return self.decode_weight > 0 or self.interference_weight > 0
 
 
 class KappaPolicy:
@@ -91,27 +129,44 @@ class KappaPolicy:
         """A policy from ``routing.params``. Raises PolicyConfigError naming a bad or unknown key."""
         return cls(parse_params(NAME, KappaParams, params))
 
-    def score(self, candidate: Candidate) -> float:
-        """Predicted TTFT + work_weight · predicted prefill, seconds (lower is better)."""
-        est = candidate.estimate
-        return est.ttft_s + self.params.work_weight * est.prefill_s
+    def score(self, candidate: Candidate, decode: DecodeEstimate | None = None) -> float:
+        """The policy's score of a candidate, seconds (lower is better; formula in the module
+        docstring). ``decode`` is required when `KappaParams.prices_decode`."""
+        p, est = self.params, candidate.estimate
+        score = p.ttft_weight * est.ttft_s + p.work_weight * est.prefill_s
+        if decode is not None:
+            score += p.decode_weight * decode.decode_s + p.interference_weight * decode.interference_s
+        return score
 
     def decide(self, features: RequestFeatures, candidates: Sequence[Candidate],
                views: Sequence[BackendView], rng: random.Random) -> Decision:
-        admitted = [c for c in candidates if c.admitted]
-        rest = [c for c in candidates if not c.admitted]
-        ranked = self._rank(admitted, rng) + self._rank(rest, rng)
+        p = self.params
+        decodes: dict[str, DecodeEstimate] = {}
+        if p.prices_decode:
+            decodes = {c.backend_id: estimate_decode(features, c.estimate, v) for c, v in zip(candidates, views)}
+        scores = {c.backend_id: self.score(c, decodes.get(c.backend_id)) for c in candidates}
+        slo = p.ttft_slo_s
+        groups: tuple[list[Candidate], ...] = ([], [], [], [])  # admitted in SLO, admitted, in SLO, rest
+        for c in candidates:
+            groups[(0 if c.admitted else 2) + (0 if slo <= 0 or c.estimate.ttft_s <= slo else 1)].append(c)
+        ranked = tuple(c for group in groups for c in self._rank(group, scores, rng))
         best = ranked[0]
-        reason = (f"least predicted TTFT {best.estimate.ttft_s:.4f}s + {self.params.work_weight:g} × prefill "
-                  f"{best.estimate.prefill_s:.4f}s ({best.estimate.regime.value}-bound)"
-                  + ("" if best.admitted else "; no backend had free KV memory for it"))
+        est = best.estimate
+        reason = f"least predicted TTFT {est.ttft_s:.4f}s"
+        decode = decodes.get(best.backend_id)
+        if decode is not None:
+            reason = (f"least predicted E2E {decode.e2e_s:.4f}s (TTFT {est.ttft_s:.4f}s + decode at "
+                      f"{decode.itl_s * 1000:.2f} ms/token in a batch of {decode.batch_requests}) + "
+                      f"{p.interference_weight:g} × {decode.interference_s:.4f}s added to the others")
+        reason += (f" + {p.work_weight:g} × prefill {est.prefill_s:.4f}s ({est.regime.value}-bound)"
+                   + ("" if best.admitted else "; no backend had free KV memory for it")
+                   + ("" if slo <= 0 or est.ttft_s <= slo else f"; none was predicted within the {slo:g}s TTFT SLO"))
         return Decision(self.name, ranked, reason)
 
-    def _rank(self, cands: list[Candidate], rng: random.Random) -> tuple[Candidate, ...]:
+    def _rank(self, cands: list[Candidate], scores: dict[str, float], rng: random.Random) -> tuple[Candidate, ...]:
         if not cands:
             return ()
         jitter = {c.backend_id: rng.random() for c in cands}
-        scores = {c.backend_id: self.score(c) for c in cands}
         by_score = sorted(cands, key=lambda c: (scores[c.backend_id], jitter[c.backend_id]))
         band = scores[by_score[0].backend_id] * (1 + self.params.energy_tie_ratio)
         tied = [c for c in by_score if scores[c.backend_id] <= band]

@@ -137,6 +137,10 @@ def test_models_health_ready_backends_and_explain(gw: Gateway) -> None:
     assert explained["chosen"] == explained["candidates"][0]["backend"]
     assert {"kappa_ratio", "kappa_ratio_loaded", "kappa_crit", "kappa_crit_linear", "regime", "predicted_ttft_s",
             "predicted_energy_j"} <= set(explained["candidates"][0])
+    for c in explained["candidates"]:  # the decode each would join (router.decode): nothing in flight here
+        assert c["predicted_e2e_s"] == pytest.approx(c["predicted_ttft_s"] + c["predicted_decode_s"])
+        assert c["predicted_itl_s"] > 0 and c["decode_batch_requests"] == 0 and c["predicted_interference_s"] == 0
+    assert explained["reason"].startswith("least predicted E2E")
 
 
 def explain_cached(gw: Gateway, body: dict) -> int:

@@ -96,3 +96,23 @@ def test_a_partial_build_is_described_as_one(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(hot_path, "_decision", "compiled")
     assert hot_path.describe() == (f"partly compiled (0/{len(hot_path.MYPYC_MODULES)} mypyc modules, C block hashing "
                                    "built: pip install -v -e . shows why)")
+
+
+def test_a_rebuild_that_kept_a_modules_shim_is_not_stale(tmp_path: Path) -> None:
+    """mypyc puts the code in the group's library and copies a module's shim only when it changed:
+    after an edit and an in-place rebuild the shim is older than the source, the library newer. The
+    module counts as built at the later of the two (a stale verdict here ran a fresh build as pure Python)."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (tmp_path / "router").mkdir()
+    (tmp_path / ("router/cost" + suffix)).write_bytes(b"")
+    (tmp_path / "router/cost.py").write_text("")
+    old, mid, new = 1_000_000_000, 1_000_000_050, 1_000_000_100
+    os.utime(tmp_path / ("router/cost" + suffix), (old, old))
+    os.utime(tmp_path / "router/cost.py", (mid, mid))
+    assert hot_path.stale_modules(tmp_path) == ["router/cost"]  # no library: the shim's time decides
+    library = tmp_path / f"{hot_path.MYPYC_GROUP}__mypyc{suffix}"
+    library.write_bytes(b"")
+    os.utime(library, (new, new))
+    assert hot_path.stale_modules(tmp_path) == []
+    os.utime(tmp_path / "router/cost.py", (new + 1, new + 1))  # edited after the rebuild
+    assert hot_path.stale_modules(tmp_path) == ["router/cost"]

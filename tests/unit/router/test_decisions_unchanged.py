@@ -8,6 +8,11 @@ and finish times and each backend's energy are digested, bit for bit (``float.he
 The digests in ``decisions_golden.json`` were made on 5f7ed15, before any of issue 14's
 changes; a change that moves one decision, or one predicted figure by one ulp, fails here.
 
+Regenerated for issue 25 (the κ policy's E2E objective: its decode priced in the batch it joins,
+`router.decode`): the ``kappa`` digests moved, every anchor's stayed; ``kappa-ttft`` (κ with
+``decode_weight`` and ``interference_weight`` 0, the TTFT objective) keeps the digests the
+``kappa`` runs had before it, bit for bit, so that objective is still exactly the old κ.
+
 Regenerate (only for a change that means to alter routing, saying so in its commit):
 ``KAPPA_REGENERATE_GOLDEN=1 python -m pytest tests/unit/router/test_decisions_unchanged.py``.
 """
@@ -26,6 +31,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).with_name("decisions_golden.json")
 WORKLOADS = ("chat", "agentic-coding", "document-qa")
+TTFT_OBJECTIVE = {"decode_weight": 0.0, "interference_weight": 0.0}  # κ before issue 25
 
 
 def _hex(value: object) -> str:
@@ -50,7 +56,7 @@ def _digest(workload: str) -> dict[str, str]:
     for name, fleet in load_fleets().items():
         trace = prepare_trace(requests, model=fleet.served_models()[0], block_size_bytes=fleet.block_size_bytes)
         trace = [dataclasses.replace(p, arrival_s=p.arrival_s / scale) for p in trace]
-        for policy in POLICIES:
+        for label, policy, params in [(p, p, {}) for p in POLICIES] + [("kappa-ttft", "kappa", TTFT_OBJECTIVE)]:
             h = hashlib.sha256()
 
             def observe(event: DecisionEvent) -> None:
@@ -60,12 +66,12 @@ def _digest(workload: str) -> dict[str, str]:
                     h.update(f"{c.backend_id}:{c.cached_hbm_tokens}:{c.cached_host_tokens}:{c.cached_kv_pool_tokens}:"
                              f"{c.uncached_prompt_tokens}:{c.admitted}:{':'.join(map(_hex, figures))};".encode())
 
-            result = simulate(fleet, build_policy(policy, {}), trace, seed=0, observer=observe)
+            result = simulate(fleet, build_policy(policy, params), trace, seed=0, observer=observe)
             for r in result.records:
                 h.update(f"{r.index}:{r.backend_id}:{_hex(r.first_token_s or -1.0)}:{_hex(r.finish_s or -1.0)};".encode())
             h.update(repr(sorted(result.rejected)).encode())
             h.update(repr(sorted((k, _hex(v)) for k, v in result.energy_j.items())).encode())
-            out[f"{name}/{policy}"] = h.hexdigest()
+            out[f"{name}/{label}"] = h.hexdigest()
     return out
 
 

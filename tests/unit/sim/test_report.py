@@ -35,6 +35,10 @@ def test_report_on_a_hand_made_run() -> None:
     assert report["ttft_p50_s"] == pytest.approx(2.5)  # 1, 2, 3, 9 -> midway between 2 and 3
     assert report["ttft_p90_s"] == pytest.approx(3 + 0.7 * 6)
     assert report["e2e_p50_s"] == pytest.approx(5.0)
+    assert report["e2e_p90_s"] == pytest.approx(6 + 0.7 * 4)  # 2, 4, 6, 10
+    # ITL: (E2E − TTFT) / (max_tokens − 1) per request = 1/9, 1/9, 1/9, 4/9
+    assert report["itl_p50_s"] == pytest.approx(1 / 9)
+    assert report["itl_p90_s"] == pytest.approx((1 + 0.7 * 3) / 9)
     assert report["throughput_rps"] == pytest.approx(4 / 12)
     assert report["goodput_rps"] == pytest.approx(2 / 12)
     assert report["energy_per_request_j"] == pytest.approx(100.0)
