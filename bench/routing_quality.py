@@ -53,6 +53,12 @@ RESULTS = REPO / "bench" / "results"
 FLEETS = ("heterogeneous", "homogeneous")
 POLICIES = ("kappa", "round-robin", "least-loaded", "prefix-affinity", "weighted")
 ANCHORS = tuple(p for p in POLICIES if p != "kappa")
+# κ variants run beside the policies, by label: (policy, parameters). ``kappa-ttft`` is κ with the
+# TTFT objective (no decode pricing): κ as it was before issue 25, to show what pricing the decode bought.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "kappa-ttft": ("kappa", {"decode_weight": 0.0, "interference_weight": 0.0}),
+}
+RUNS = POLICIES + tuple(VARIANTS)
 
 
 @dataclass(frozen=True)
@@ -109,11 +115,13 @@ def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bo
     requests = build_workload(name, n, seed)
     span_s = requests[-1].arrival_s - requests[0].arrival_s if len(requests) > 1 else 0.0
     base_rps = (len(requests) - 1) / span_s if span_s > 0 else None
-    jobs = [SimJob(fleet, policy, scale) for fleet in fleets for scale in plan.rate_scales for policy in POLICIES]
+    labels = [label for _ in fleets for _ in plan.rate_scales for label in RUNS]
+    jobs = [SimJob(fleet, VARIANTS.get(label, (label, {}))[0], scale, VARIANTS.get(label, (label, {}))[1])
+            for fleet in fleets for scale in plan.rate_scales for label in RUNS]
     results = run_jobs(requests, fleets, jobs, seed=seed, workers=workers)
     bounds = {f: lower_bound_ttfts(requests, fleets[f].backends) for f in fleets}
     rows: dict[tuple[str, float], dict[str, Any]] = {}
-    for job, result in zip(jobs, results, strict=True):
+    for label, job, result in zip(labels, jobs, results, strict=True):
         row = rows.setdefault((job.fleet, job.rate_scale), {
             "workload": name, "fleet": job.fleet, "rate_scale": job.rate_scale,
             "rate_rps": base_rps * job.rate_scale if base_rps else None, "requests": len(requests),
@@ -122,7 +130,7 @@ def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bo
         if job.rate_scale == middle_load(plan):  # the CDF plot's load
             report["ttfts_s"] = [round(r.first_token_s - r.arrival_s, 4) for r in result.records
                                  if r.first_token_s is not None]
-        row["policies"][job.policy] = report
+        row["policies"][label] = report
     return list(rows.values())
 
 
@@ -154,8 +162,8 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
             f"{_f(a['ttft_p50_lower_bound_ratio'], '.1f')} / {_f(a['ttft_p90_lower_bound_ratio'], '.1f')} |")
     lines += ["", "### κ routing against the best anchor policy end to end (E2E and ITL, seconds and ms)", "",
               "| workload | fleet | load (req/s) | kappa E2E p50 / p90 | best anchor by E2E p90 | its E2E p50 / p90 | "
-              "kappa p90 ÷ anchor p90 | kappa ITL p50 / p90 | anchor ITL p50 / p90 |",
-              "| --- | --- | --- | --- | --- | --- | ---: | --- | --- |"]
+              "kappa p90 ÷ anchor p90 | kappa ITL p50 / p90 | anchor ITL p50 / p90 | kappa-ttft E2E p90 / TTFT p90 |",
+              "| --- | --- | --- | --- | --- | --- | ---: | --- | --- | --- |"]
     for run in runs:
         pol = run["policies"]
         best = min(ANCHORS, key=lambda a: pol[a]["e2e_p90_s"] if pol[a].get("e2e_p90_s") is not None else float("inf"))
@@ -165,7 +173,9 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
             f"{_f(k['e2e_p50_s'], '.2f')} / {_f(k['e2e_p90_s'], '.2f')} | {best} | "
             f"{_f(a['e2e_p50_s'], '.2f')} / {_f(a['e2e_p90_s'], '.2f')} | "
             f"{_f(k['e2e_p90_s'] / a['e2e_p90_s'] if a['e2e_p90_s'] else None, '.2f')} | "
-            f"{_ms(k['itl_p50_s'])} / {_ms(k['itl_p90_s'])} | {_ms(a['itl_p50_s'])} / {_ms(a['itl_p90_s'])} |")
+            f"{_ms(k['itl_p50_s'])} / {_ms(k['itl_p90_s'])} | {_ms(a['itl_p50_s'])} / {_ms(a['itl_p90_s'])} | "
+            + (f"{_f(pol['kappa-ttft']['e2e_p90_s'], '.2f')} / {_f(pol['kappa-ttft']['ttft_p90_s'], '.3f')} |"
+               if "kappa-ttft" in pol else "– |"))
     header = ("| load | policy | TTFT p50 | p90 | p99 | E2E p50 | E2E p90 | ITL p50 ms | ITL p90 ms | req/s | goodput | "
               "hit | host hit | J/req | compute / transfer | ÷LB p50 | ÷LB p90 | ÷LB mean |")
     by_pair: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -285,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall_s = time.perf_counter() - started
     command = "python bench/routing_quality.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     doc = {"meta": {"command": command.strip(), "commit": git_commit(), "seed": args.seed,
-                    "ttft_slo_s": DEFAULT_TTFT_SLO_S, "policies": list(POLICIES), "fleets": list(fleets),
+                    "ttft_slo_s": DEFAULT_TTFT_SLO_S, "policies": list(POLICIES),
+                    "variants": {k: {"policy": p, "params": v} for k, (p, v) in VARIANTS.items()}, "fleets": list(fleets),
                     "plan": {w: vars(PLAN[w]) for w in names}, "quick": args.quick, "skipped": skipped,
                     "wall_s": round(wall_s, 1),
                     "workloads": {w: WORKLOADS[w].description for w in names}},

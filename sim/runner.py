@@ -36,6 +36,7 @@ class SimJob:
         rate_scale: arrivals this many times as frequent (> 0).
         params: the policy's parameters (default: its defaults).
         topology: gateway replicas and what they share (default: one gateway).
+        client_concurrency: most requests in flight client-side (`sim.simulator.Simulator`; None: no limit).
     """
 
     fleet: str
@@ -43,6 +44,7 @@ class SimJob:
     rate_scale: float = 1.0
     params: Mapping[str, Any] = field(default_factory=dict)
     topology: Topology = Topology()
+    client_concurrency: int | None = None
 
 
 # Set in the parent just before forking; the workers read it (fork copies it, no pickling).
@@ -75,7 +77,8 @@ def _run_one(position: int) -> SimResult:
     trace = prepared[_prepare_key(fleet)]
     if job.rate_scale != 1:
         trace = [dataclasses.replace(p, arrival_s=p.arrival_s / job.rate_scale) for p in trace]
-    return simulate(fleet, build_policy(job.policy, job.params), trace, seed=seed, topology=job.topology)
+    return simulate(fleet, build_policy(job.policy, job.params), trace, seed=seed, topology=job.topology,
+                    client_concurrency=job.client_concurrency)
 
 
 def run_jobs(requests: Sequence[TraceRequest], fleets: Mapping[str, Fleet], jobs: Sequence[SimJob], *,
@@ -122,7 +125,8 @@ def run_jobs(requests: Sequence[TraceRequest], fleets: Mapping[str, Fleet], jobs
 
 def run_policies(requests: Sequence[TraceRequest], fleet: Fleet, policies: Sequence[str], *, seed: int = 0,
                  params: Mapping[str, Mapping[str, Any]] | None = None,
-                 workers: int | None = None, topology: Topology = Topology()) -> dict[str, SimResult]:
+                 workers: int | None = None, topology: Topology = Topology(),
+                 client_concurrency: int | None = None) -> dict[str, SimResult]:
     """Simulate ``requests`` on ``fleet`` under each policy.
 
     Args:
@@ -133,6 +137,7 @@ def run_policies(requests: Sequence[TraceRequest], fleet: Fleet, policies: Seque
         params: per-policy parameters by name (default: each policy's defaults).
         workers: processes to use; ``None`` = min(policies, CPUs), 1 = in this process.
         topology: gateway replicas and what they share (`sim.replicas.Topology`).
+        client_concurrency: most requests in flight client-side (None: no limit; `sim.simulator.Simulator`).
 
     Returns:
         ``{policy name: SimResult}`` in the order of ``policies``.
@@ -145,6 +150,6 @@ def run_policies(requests: Sequence[TraceRequest], fleet: Fleet, policies: Seque
     if len(set(policies)) != len(policies):
         raise ValueError(f"policies repeat: {list(policies)}")
     params = params or {}
-    jobs = [SimJob("fleet", name, 1.0, dict(params.get(name, {})), topology) for name in policies]
+    jobs = [SimJob("fleet", name, 1.0, dict(params.get(name, {})), topology, client_concurrency) for name in policies]
     results = run_jobs(requests, {"fleet": fleet}, jobs, seed=seed, workers=workers)
     return {job.policy: result for job, result in zip(jobs, results, strict=True)}

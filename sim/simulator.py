@@ -42,6 +42,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
@@ -201,6 +202,10 @@ class Simulator:
         observer: called with every decision's inputs and output.
         topology: gateway replicas, what they share, the index's write-to-read lag
             (`sim.replicas.Topology`; default: one gateway, records visible at once).
+        client_concurrency: most requests the client keeps in flight (``None``: no limit). An
+            arrival beyond it waits, client-side and FIFO, for a request to end, and is sent
+            then, as `gateway.commands.replay` does (``--concurrency``): its record's arrival is
+            the send, so latencies run from the send there too.
 
     Raises:
         ValueError: no backend serves ``model``.
@@ -208,7 +213,10 @@ class Simulator:
 
     def __init__(self, fleet: Fleet, policy: Policy, requests: Sequence[PreparedRequest], *, seed: int = 0,
                  model: str | None = None, observer: DecisionObserver | None = None,
-                 topology: Topology = Topology()) -> None:
+                 topology: Topology = Topology(), client_concurrency: int | None = None) -> None:
+        if client_concurrency is not None and client_concurrency < 1:
+            raise ValueError(f"client_concurrency must be >= 1, got {client_concurrency}")
+        self.client_concurrency = client_concurrency
         self.fleet, self.policy, self.requests, self.observer = fleet, policy, requests, observer
         self.model = model or fleet.served_models()[0]
         served = [b for b in fleet.backends if b.model == self.model]
@@ -244,8 +252,10 @@ class Simulator:
         self._scrape_all()
         next_scrape = t0 + interval
         steps: list[tuple[float, int]] = []  # (end_s, backend position): at most one per backend
+        held: deque[PreparedRequest] = deque()  # arrived, waiting client-side for a free slot
+        cap = self.client_concurrency
         i = 0
-        while i < n or steps:
+        while i < n or steps or held:
             now = steps[0][0] if steps else math.inf
             if i < n and reqs[i].arrival_s < now:
                 now = reqs[i].arrival_s
@@ -262,10 +272,12 @@ class Simulator:
                 next_scrape += interval
             self._apply_records(now)
             while i < n and reqs[i].arrival_s == now:
-                pos = self._arrive(reqs[i], now)
+                held.append(reqs[i])
+                i += 1
+            while held and (cap is None or len(self._active) < cap):
+                pos = self._arrive(held.popleft(), now)
                 if pos is not None:
                     kick.append(pos)
-                i += 1
             for pos in sorted(set(kick)):
                 b = self._engines[pos]
                 if b.step is None and b.engine.has_unfinished():
@@ -364,6 +376,8 @@ def _next_grid_point(t0: float, interval: float, now: float) -> float:
 
 
 def simulate(fleet: Fleet, policy: Policy, requests: Sequence[PreparedRequest], *, seed: int = 0,
-             observer: DecisionObserver | None = None, topology: Topology = Topology()) -> SimResult:
+             observer: DecisionObserver | None = None, topology: Topology = Topology(),
+             client_concurrency: int | None = None) -> SimResult:
     """Run ``requests`` through ``fleet`` under ``policy`` (see `Simulator`)."""
-    return Simulator(fleet, policy, requests, seed=seed, observer=observer, topology=topology).run()
+    return Simulator(fleet, policy, requests, seed=seed, observer=observer, topology=topology,
+                     client_concurrency=client_concurrency).run()

@@ -118,6 +118,7 @@ def sim_cmd(
     replica_state: Annotated[str, typer.Option("--replica-state", help="synced: as the gateway shares its load through Redis (own ledgers + the others' read at each decision, chains recorded when sent); local: each replica alone; shared: one ledger set (the ideal)")] = "synced",
     index_lag_ms: Annotated[float, typer.Option("--index-lag-ms", min=0.0, help="ms from a record to its chain being visible in the shared index (a Redis write's round trip)")] = 1.0,
     balancer: Annotated[str, typer.Option("--balancer", help="round-robin | random: how requests reach the replicas")] = "round-robin",
+    client_concurrency: Annotated[int | None, typer.Option("--client-concurrency", min=1, help="most requests in flight, later arrivals wait client-side (as replay --concurrency; latencies from the send)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Compare routing policies on a trace and fleet in virtual time (the real router and index, mock engines)."""
@@ -138,6 +139,7 @@ def sim_cmd(
     topology = Topology(gateway_replicas, replica_state, index_lag_ms / 1000, balancer)  # type: ignore[arg-type]
     try:
         report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed, kv_pool_gb=kv_pool_gb,
+                         client_concurrency=client_concurrency,
                          topology=topology)
     except ValueError as exc:  # both/neither of --trace and --workload, unknown workload or policy, bad trace
         raise typer.BadParameter(str(exc)) from exc

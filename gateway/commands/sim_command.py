@@ -50,7 +50,7 @@ def load_requests(trace: Path | None, workload: str | None, limit: int | None, s
 def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: list[str], limit: int | None,
             rate_scale: float, seed: int, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
             workers: int | None = None, kv_pool_gb: float | None = None,
-            topology: Topology = Topology()) -> dict[str, Any]:
+            topology: Topology = Topology(), client_concurrency: int | None = None) -> dict[str, Any]:
     """Simulate every policy on the trace (or workload) and fleet; one report per policy.
 
     Args:
@@ -66,6 +66,7 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
         kv_pool_gb: give the fleet a shared KV pool of this many GB (the config's ``kv_pool``
             section, replacing any it has, with its default link), to see what one would buy.
         topology: gateway replicas, what they share, the index's write-to-read lag.
+        client_concurrency: most requests in flight, as ``kappa-gateway replay --concurrency`` (None: no limit).
 
     Returns:
         ``{"policies": {name: sim.report.policy_report(...) plus the
@@ -83,7 +84,8 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
     sim_fleet = fleet_from_settings(settings, default_catalog())
     requests = scale_rate(load_requests(trace, workload, limit, seed), rate_scale)
     params = {settings.routing.policy: settings.routing.params}
-    results = run_policies(requests, sim_fleet, policies, seed=seed, params=params, workers=workers, topology=topology)
+    results = run_policies(requests, sim_fleet, policies, seed=seed, params=params, workers=workers, topology=topology,
+                           client_concurrency=client_concurrency)
     model = sim_fleet.served_models()[0]
     bounds = lower_bound_ttfts(requests, [b for b in sim_fleet.backends if b.model == model])
     return {
@@ -91,6 +93,7 @@ def run_sim(trace: Path | None, workload: str | None, fleet: Path, policies: lis
                      for name, result in results.items()},
         "run": {"trace": str(trace) if trace else None, "workload": workload, "fleet": str(fleet),
                 "requests": len(requests), "rate_scale": rate_scale, "seed": seed, "ttft_slo_s": ttft_slo_s,
+                "client_concurrency": client_concurrency,
                 "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
                 "gateway_replicas": topology.replicas, "replica_state": topology.state,
                 "index_lag_s": topology.index_lag_s, "balancer": topology.balancer,

@@ -26,8 +26,8 @@ compute is dense, and a long answer where the decode batch leaves it bandwidth. 
 With ``ttft_slo_s`` > 0, candidates predicted to meet that TTFT rank before those that would
 not (TTFT first where the SLO is TTFT-bound), each group by its score. Backends where
 (K + T + max_tokens)·B_kv does not fit the free KV memory rank after those where it does.
-Among candidates whose score is within ``energy_tie_ratio`` of the best, the lower predicted
-energy wins (power-capped and transfer-bound placements are cheaper in joules). Measured in
+Among candidates whose score is within ``energy_tie_ratio`` of the best (default 0: exact ties),
+the lower predicted energy wins (power-capped and transfer-bound placements are cheaper in joules). Measured in
 BENCHMARKS.md (`bench/routing_quality.py`, `bench/routing_live.py`).
 
 Parameters: `KappaParams`.
@@ -37,7 +37,7 @@ YAML::
     routing:
       policy: kappa
       params:
-        energy_tie_ratio: 0.05
+        energy_tie_ratio: 0.0
         work_weight: 1.0
         decode_weight: 1.0
         interference_weight: 1.0
@@ -57,10 +57,15 @@ from router.types import BackendView, Candidate, Decision, RequestFeatures
 
 NAME = "kappa"
 
-# A power cap moves a backend's predicted TTFT by a few percent (650 W leaves an H100 SXM
-# (580/630)^(1/3) of its clocks at 93% of its power): a 5% band lets the cheaper joules win
-# such near-ties, and no wider gap.
-DEFAULT_ENERGY_TIE_RATIO = 0.05
+# Off by default since issue 25. The band was 5%, for the TTFT objective: a power cap moves a
+# backend's predicted TTFT by a few percent (650 W leaves an H100 SXM (580/630)^(1/3) of its
+# clocks at 93% of its power), and a 5% band let the cheaper joules win such near-ties. Under
+# the E2E objective the band, a share of a score that counts the seconds a request adds to the
+# others, kept handing near-ties to the power-capped backend, which then held half the demo's
+# requests: TTFT p90 37 s against 24 s without it, E2E p90 46 s against 37 s (the demo fleet in
+# the simulator, 400 Mooncake requests, 64 in flight, median of 6 seeds; BENCHMARKS.md). A band
+# on the request's own cost alone did no better (34 s, 45 s). Energy-aware placement is issue 31's.
+DEFAULT_ENERGY_TIE_RATIO = 0.0
 # Each second this request's prefill holds a backend is a second every request queued behind
 # it waits: weight 1 charges it once, as one more waiting request would feel it.
 DEFAULT_WORK_WEIGHT = 1.0
@@ -77,7 +82,8 @@ class KappaParams:
 
     Attributes:
         energy_tie_ratio: relative score band, in [0, 1), within which candidates count as
-            tied and the lower predicted energy wins (0.05: a score ≤ 1.05 × the best).
+            tied and the lower predicted energy wins (0.05: a score ≤ 1.05 × the best; default 0:
+            exact ties only).
         work_weight: weight (seconds per second, ≥ 0) of the request's own predicted prefill
             seconds (what it costs the requests queued behind it).
         ttft_weight: weight (≥ 0) of its predicted TTFT.

@@ -10,7 +10,8 @@ changes; a change that moves one decision, or one predicted figure by one ulp, f
 
 Regenerated for issue 25 (the κ policy's E2E objective: its decode priced in the batch it joins,
 `router.decode`): the ``kappa`` digests moved, every anchor's stayed; ``kappa-ttft`` (κ with
-``decode_weight`` and ``interference_weight`` 0, the TTFT objective) keeps the digests the
+``decode_weight`` and ``interference_weight`` 0, the TTFT objective, and the energy band of
+0.05 it had) keeps the digests the
 ``kappa`` runs had before it, bit for bit, so that objective is still exactly the old κ.
 
 Regenerate (only for a change that means to alter routing, saying so in its commit):
@@ -31,7 +32,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).with_name("decisions_golden.json")
 WORKLOADS = ("chat", "agentic-coding", "document-qa")
-TTFT_OBJECTIVE = {"decode_weight": 0.0, "interference_weight": 0.0}  # κ before issue 25
+TTFT_OBJECTIVE = {"decode_weight": 0.0, "interference_weight": 0.0, "energy_tie_ratio": 0.05}  # κ before issue 25
 
 
 def _hex(value: object) -> str:

@@ -170,3 +170,25 @@ def test_the_shipped_fleets_build() -> None:
         for sim_backend, entry in zip(fleet.backends, settings.backends, strict=True):
             assert sim_backend.spec == settings.backend_spec(CATALOG, entry)
             assert sim_backend.host_tier_bytes == entry.host_tier_gb * 1e9
+
+
+def test_a_client_concurrency_cap_holds_arrivals_until_a_request_ends() -> None:
+    """Ten requests at t = 0 with at most three in flight (`replay --concurrency 3`): never more than
+    three run at once, and each later one is sent the moment an earlier one finishes (its record's
+    arrival is that send, as the replay client measures from it). A cap of zero is refused."""
+    fleet = one_backend_fleet()
+    requests = [TraceRequest(0.0, 2_000 + 100 * i, 20 + i, []) for i in range(10)]
+    result = simulate(fleet, build_policy("round-robin", {}), prepared(requests, fleet), client_concurrency=3)
+    records = result.records
+    assert all(r.finish_s is not None for r in records)
+    for r in records:
+        overlapping = [x for x in records if x.arrival_s <= r.arrival_s < x.finish_s]
+        assert len(overlapping) <= 3
+    finishes = sorted(r.finish_s for r in records)
+    sends = sorted(r.arrival_s for r in records)
+    assert sends[:3] == [0.0, 0.0, 0.0]
+    assert sends[3:] == pytest.approx(finishes[:7])
+    uncapped = simulate(fleet, build_policy("round-robin", {}), prepared(requests, fleet))
+    assert [r.arrival_s for r in uncapped.records] == [0.0] * 10
+    with pytest.raises(ValueError, match="client_concurrency"):
+        simulate(fleet, build_policy("round-robin", {}), prepared(requests, fleet), client_concurrency=0)
