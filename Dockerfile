@@ -31,13 +31,17 @@ COPY mock_vllm/ mock_vllm/
 COPY sim/ sim/
 COPY config/ config/
 # The per-request hot path is compiled (mypyc and C: setup.py, hot_path) with a compiler and
-# xxhash.h that are removed again in the same layer; without them it would install as pure Python.
+# xxhash.h (hot_path.BUILD_PACKAGES) that are removed again in the same layer; without them it would
+# install as pure Python. `kappa-gateway hot-path --require-compiled` imports every hot-path module
+# and fails the image's build (exit 1) unless each one runs compiled: a partial build (a missing
+# xxhash.h, a mypyc failure, the mypyc group library missing beside its shims) does not ship.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev libxxhash-dev \
     && pip install --no-cache-dir --no-deps -e . \
     && apt-get purge -y --auto-remove gcc libc6-dev libxxhash-dev \
     && rm -rf /var/lib/apt/lists/* build/ \
-    && python -c "from fleet_config.catalog import default_catalog; default_catalog(); import hot_path, router.decide, prefix_index.hashing; print(hot_path.describe())"
+    && python -c "from fleet_config.catalog import default_catalog; default_catalog()" \
+    && kappa-gateway hot-path --require-compiled
 
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kappa
 USER kappa

@@ -35,6 +35,7 @@ hot_path.select()  # this script is an entry point: compiled or source, before t
 
 from bench.routing_quality import PLAN, git_commit, load_fleets  # noqa: E402
 from fleet_config.sections import DEFAULT_LOAD_SYNC_INTERVAL_S  # noqa: E402 -- the gateway's exchange period
+from sim.real_traces import missing_message, real_trace_path  # noqa: E402
 from sim.replicas import Topology  # noqa: E402
 from sim.report import policy_report  # noqa: E402
 from sim.runner import SimJob, run_jobs  # noqa: E402
@@ -42,7 +43,7 @@ from sim.traces import load_trace  # noqa: E402
 from sim.workloads import build_workload  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-MOONCAKE = REPO.parent / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
+MOONCAKE = real_trace_path("mooncake")
 REPLICAS = (1, 2, 4, 8)
 STATES = ("local", "synced-50ms", "synced", "shared")
 WORKLOADS = ("document-qa", "agentic-coding")
@@ -97,7 +98,7 @@ def main() -> int:
         trace = load_trace(MOONCAKE, limit=1500 if args.quick else None)
         rows += run_workload("mooncake", trace, 1.0, lag_s, args.workers, args.seed)
     else:
-        print(f"skipping the Mooncake trace: {MOONCAKE} is absent (it lives in ../shared/data)", file=sys.stderr)
+        print(f"skipping the Mooncake trace: {missing_message('mooncake')}", file=sys.stderr)
     for name in WORKLOADS:
         plan = PLAN[name]
         middle = plan.rate_scales[len(plan.rate_scales) // 2]

@@ -47,9 +47,10 @@ from gateway.commands.demo import gateway_process, on_free_ports  # noqa: E402
 from gateway.commands.fleet import mock_fleet  # noqa: E402
 from gateway.commands.processes import free_port, stop_processes  # noqa: E402
 from gateway.commands.replay import replay  # noqa: E402
+from sim.real_traces import missing_message, real_trace_path  # noqa: E402
 from sim.traces import load_trace  # noqa: E402
 
-MOONCAKE = REPO.parent / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
+MOONCAKE = real_trace_path("mooncake")
 VARIANTS = ("one", "two-synced", "two-local")
 
 
@@ -102,7 +103,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not MOONCAKE.exists():
-        print(f"the Mooncake trace is absent ({MOONCAKE}; it lives in ../shared/data)", file=sys.stderr)
+        print(missing_message("mooncake"), file=sys.stderr)
         return 2
     requests = load_trace(MOONCAKE, limit=args.requests)
     base = on_free_ports(load_settings(args.config, default_catalog(), env={}))

@@ -65,9 +65,10 @@ from gateway.commands.replay import RequestResult, replay  # noqa: E402
 from peer_routers import PEER_ROUTERS, READINESS_PATH, install_peers, is_ready, venvs_root  # noqa: E402
 from sim.report import percentile  # noqa: E402
 from sim.runner import scale_rate  # noqa: E402
+from sim.real_traces import real_trace_path  # noqa: E402
 from sim.traces import TraceRequest, load_trace  # noqa: E402
 
-DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
+DEFAULT_TRACE = real_trace_path("mooncake")
 DEFAULT_TARGETS = ("kappa", "sglang-cache", "vllm-router")
 FIGURES = ("ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s", "itl_mean_s", "itl_p50_s", "itl_p90_s",
            "errors", "prefix_hit_ratio", "queue_wait_p90_s")
@@ -201,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM ends the bench through its context managers, so every process it started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.trace.is_file():
-        print(f"routing_live: no trace at {args.trace} (the real traces live in ../shared/data; see its README)",
+        print(f"routing_live: no trace at {args.trace} (the real traces are not in the repository: README, \"Real traces\")",
               file=sys.stderr)
         return 2
     targets = [t for t in args.targets.split(",") if t]

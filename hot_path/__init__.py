@@ -71,6 +71,14 @@ MYPYC_MODULES = (
 MYPYC_GROUP = "kappa_hot_path"
 # name -> C sources (the header-only xxHash comes from the system's libxxhash-dev).
 C_EXTENSIONS = {"prefix_index._chain": ("prefix_index/_chain.c",)}
+BUILD_PACKAGES = ("gcc", "libc6-dev", "libxxhash-dev")
+"""The Debian packages the compiled build needs (``setup.py``): a C compiler, the C library's
+headers and the header-only xxHash (``xxhash.h``, for ``prefix_index._chain``); mypy, which
+brings mypyc, comes with the build's own requirements (pyproject.toml). A Python without its
+headers (Debian's own ``python3``) also needs ``python3-dev``. The README's set-up, the
+Dockerfile and .ci/run install exactly these (tests/test_build_reporting.py)."""
+_REBUILD_HINT = (f"the build needs {', '.join(BUILD_PACKAGES)} and Python's headers, then pip install -e . "
+                 "again; pip install -v -e . says what it lacked")
 
 log = logging.getLogger("kappa_gateway.hot_path")
 _decision: str | None = None  # None until `select` ran: "compiled" or why the sources run
@@ -216,8 +224,9 @@ def describe() -> str:
         return decision
     mypyc, c = built()
     if not mypyc and not c:
-        return "pure Python (nothing compiled was built: pip install -v -e . shows why)"
+        return f"pure Python (nothing compiled was built: {_REBUILD_HINT})"
     what = f"{mypyc}/{len(MYPYC_MODULES)} mypyc modules, C block hashing {'built' if c else 'not built'}"
     if mypyc == len(MYPYC_MODULES) and c:
         return f"compiled ({what})"
-    return f"partly compiled ({what}: pip install -v -e . shows why)"
+    return f"partly compiled ({what}: {_REBUILD_HINT})"
+

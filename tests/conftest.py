@@ -12,16 +12,15 @@ hot_path.select()
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sim.real_traces import missing_message, real_trace_path
 from tests.support.redis_cluster import RedisCluster, missing_binaries, redis_cluster
 from tests.support.redis_server import redis_server
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,8 +60,14 @@ def key_prefix() -> str:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """``../shared/data`` beside the repo; tests that need it skip where it is absent."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real traces not found at {SHARED_DATA} (they live in ../shared/data, beside the repo)")
-    return SHARED_DATA
+def real_trace() -> Callable[[str], Path]:
+    """``real_trace(name)``: the path of a real trace (`sim.real_traces.REAL_TRACES`), or the test
+    skips, saying where the file comes from and which generated workload stands in for it (the
+    real traces are not in the repository: README, "Real traces")."""
+    def path_of(name: str) -> Path:
+        path = real_trace_path(name)
+        if not path.is_file():
+            pytest.skip(missing_message(name))
+        return path
+
+    return path_of

@@ -4,7 +4,8 @@
 trace against any OpenAI URL) and ``sim`` (policies compared in virtual time) here; ``crit``
 (κ_crit for model × hardware, or for a request on a config's backends) in
 `gateway.commands.crit_cli`; ``mock-vllm`` and ``mock-fleet`` (vLLM-compatible mock
-backends) in `gateway.commands.mock_cli`. ``analyze`` is not built yet and is absent, not stubbed.
+backends) in `gateway.commands.mock_cli`; ``hot-path`` (what runs compiled, and the image's
+check that all of it does) in `gateway.commands.hot_path_cli`. ``analyze`` is not built yet and is absent, not stubbed.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def serve(
 @app.command()
 def demo(
     requests: Annotated[int, typer.Option("--requests", "-n", min=1, help="how many requests to replay")] = 400,
-    trace: Annotated[Path | None, typer.Option("--trace", help="a real trace (Mooncake JSONL, Azure CSV, ShareGPT JSON) instead of the built-in generator")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", exists=True, dir_okay=False, help="a real trace (Mooncake JSONL, Azure CSV, ShareGPT JSON) instead of the built-in generator (not in the repository: README, \"Real traces\")")] = None,
     rate: Annotated[float, typer.Option("--rate", min=0.01, help="built-in generator's arrival rate, modelled requests/s")] = 2.5,
     speedup: Annotated[float, typer.Option("--speedup", min=0.01, help="replay a --trace this many times faster (modelled time)")] = 1.0,
     time_scale: Annotated[float, typer.Option("--time-scale", min=0.001, help="mocks' wall seconds per modelled second (0.4: 2.5x real time)")] = 0.4,
@@ -107,7 +108,7 @@ def sim_cmd(
     fleet: Annotated[Path, typer.Option("--fleet", "-f", exists=True, dir_okay=False,
                                         help="fleet config YAML, e.g. config/fleets/heterogeneous.yaml")],
     trace: Annotated[Path | None, typer.Option("--trace", exists=True, dir_okay=False,
-                                               help="Mooncake .jsonl or Azure .csv trace")] = None,
+                                               help="Mooncake .jsonl or Azure .csv trace (README, \"Real traces\")")] = None,
     workload: Annotated[str | None, typer.Option("--workload", help="a named workload instead of --trace (sim.workloads.WORKLOADS): mooncake, mooncake-like, azure-conv, azure-code, chat, chat-sliding-window, document-qa, agentic-coding")] = None,
     policies: Annotated[str, typer.Option("--policies", help="comma-separated policies to compare")] = "kappa,round-robin,least-loaded,prefix-affinity,weighted",
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the first N requests (a workload: N requests)")] = None,
@@ -197,7 +198,7 @@ def replay_trace(
         raise typer.Exit(1)  # a replay with failed requests is a failed run (scripts and CI can tell)
 
 
-from gateway.commands import crit_cli, mock_cli  # noqa: E402,F401 -- register crit; mock-vllm, mock-fleet, mock-fleet-worker
+from gateway.commands import crit_cli, hot_path_cli, mock_cli  # noqa: E402,F401 -- register crit; hot-path; mock-vllm, mock-fleet, mock-fleet-worker
 
 
 def main() -> None:

@@ -17,9 +17,9 @@ name                        what                                                
 ``agentic-coding``          `agentic_coding`: append-only growing contexts          κ ~ 10
 ==========================  ======================================================  =========
 
-The real traces are read from ``shared/data/traces`` beside the repository
-(`SHARED_DATA_DIR`; ../shared/data/traces/README.md has their sources and licences); where it
-is absent they raise `FileNotFoundError` with the path. Generated rates at scale 1 are
+The real traces are read from ``../shared/data`` beside the repository (`sim.real_traces`:
+their sources, licences and generated stand-ins; the README's "Real traces"); where a file is
+absent they raise `FileNotFoundError` saying where to get it and which workload stands in. Generated rates at scale 1 are
 `RATES_RPS` (a session workload reaches about that rate once its warm-up has passed); where
 each workload's knee lies on the shipped fleets — at scale ≈ 0.5–1 for document QA and agentic
 coding, ≈ 4–8 for chat — is measured in BENCHMARKS.md "Routing quality" (`bench/routing_quality.py`).
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
+from sim.real_traces import require_real_trace
 from sim.traces import TraceRequest, load_azure, load_mooncake
 from sim.workloads.agentic import agentic_coding
 from sim.workloads.chat import DEFAULT_WINDOW_TOKENS, multi_turn_chat
@@ -38,14 +38,8 @@ from sim.workloads.document_qa import document_qa
 from sim.workloads.mooncake_like import mooncake_like
 from sim.workloads.sessions import shareable_prefix_tokens
 
-__all__ = ["WORKLOADS", "RATES_RPS", "SHARED_DATA_DIR", "Workload", "agentic_coding", "build_workload",
+__all__ = ["WORKLOADS", "RATES_RPS", "Workload", "agentic_coding", "build_workload",
            "document_qa", "mooncake_like", "multi_turn_chat", "shareable_prefix_tokens"]
-
-SHARED_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
-"""``../shared/data`` beside the repository (where the real traces live on this project's machines)."""
-MOONCAKE_TRACE = Path("traces/mooncake/conversation_trace.jsonl")
-AZURE_TRACES = {"azure-conv": Path("traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
-                "azure-code": Path("traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv")}
 
 RATES_RPS = {
     "mooncake-like": 3.4,  # the Mooncake conversation trace's mean rate (12,031 requests in 3,537 s)
@@ -67,18 +61,11 @@ class Workload:
     description: str
 
 
-def _data_file(relative: Path) -> Path:
-    path = SHARED_DATA_DIR / relative
-    if not path.is_file():
-        raise FileNotFoundError(f"real trace not found at {path} (shared/data beside the repository)")
-    return path
-
-
 def _registry() -> dict[str, Workload]:
-    out = {"mooncake": Workload("mooncake", lambda n, seed: load_mooncake(_data_file(MOONCAKE_TRACE), limit=n),
+    out = {"mooncake": Workload("mooncake", lambda n, seed: load_mooncake(require_real_trace("mooncake"), limit=n),
                                 True, "the real Mooncake conversation trace")}
-    for name, relative in AZURE_TRACES.items():
-        out[name] = Workload(name, lambda n, seed, rel=relative: load_azure(_data_file(rel), limit=n), True,
+    for name in ("azure-conv", "azure-code"):
+        out[name] = Workload(name, lambda n, seed, name=name: load_azure(require_real_trace(name), limit=n), True,
                              f"the real Azure LLM inference 2023 trace ({name.removeprefix('azure-')}), no prefixes")
     generated = {
         "mooncake-like": (lambda n, seed: mooncake_like(n, rate_rps=RATES_RPS["mooncake-like"], seed=seed),
@@ -106,7 +93,7 @@ def build_workload(name: str, n: int, seed: int = 0) -> list[TraceRequest]:
 
     Raises:
         ValueError: an unknown name.
-        FileNotFoundError: a real trace's file is absent.
+        FileNotFoundError: a real trace's file is absent (`sim.real_traces.missing_message`).
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")

@@ -9,7 +9,7 @@ bursts become 30 ms: enough for the first burst's shared block 0 to be cached.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
 TIME_SCALE = 0.001
 SPEEDUP = 100.0
-MOONCAKE = "traces/mooncake/conversation_trace.jsonl"
 FIRST_BURST = 10  # the trace's first ten requests all arrive at t = 0
 
 
@@ -52,8 +51,8 @@ def _small(n: int) -> list[TraceRequest]:
     return [TraceRequest(arrival_s=0.001 * i, input_tokens=40, output_tokens=3) for i in range(n)]
 
 
-async def test_mooncake_replay_against_mock(shared_data: Path, mock_url: str) -> None:
-    requests = load_mooncake(shared_data / MOONCAKE, limit=30)
+async def test_mooncake_replay_against_mock(real_trace: Callable[[str], Path], mock_url: str) -> None:
+    requests = load_mooncake(real_trace("mooncake"), limit=30)
     seen: list[int] = []
     results = await replay(requests, url=mock_url, model=MODEL, speedup=SPEEDUP, concurrency=64,
                            on_result=lambda r: seen.append(r.index), progress=False)
@@ -76,10 +75,10 @@ async def test_mooncake_replay_against_mock(shared_data: Path, mock_url: str) ->
     assert summary["backends"] == {} and summary["regimes"] == {}
 
 
-def test_cli_json_summary_and_out_file(shared_data: Path, mock_url: str, tmp_path: Path) -> None:
+def test_cli_json_summary_and_out_file(real_trace: Callable[[str], Path], mock_url: str, tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     result = CliRunner().invoke(cli_app, [
-        "replay", str(shared_data / MOONCAKE), "--url", f"{mock_url}/v1", "--limit", "12",
+        "replay", str(real_trace("mooncake")), "--url", f"{mock_url}/v1", "--limit", "12",
         "--speedup", str(SPEEDUP), "--concurrency", "4", "--out", str(out), "--json",
     ])
     assert result.exit_code == 0, result.output

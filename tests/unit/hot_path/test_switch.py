@@ -95,7 +95,8 @@ def test_a_partial_build_is_described_as_one(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(hot_path, "ROOT", tmp_path)
     monkeypatch.setattr(hot_path, "_decision", "compiled")
     assert hot_path.describe() == (f"partly compiled (0/{len(hot_path.MYPYC_MODULES)} mypyc modules, C block hashing "
-                                   "built: pip install -v -e . shows why)")
+                                   "built: the build needs gcc, libc6-dev, libxxhash-dev and Python's headers, then "
+                                   "pip install -e . again; pip install -v -e . says what it lacked)")
 
 
 def test_a_rebuild_that_kept_a_modules_shim_is_not_stale(tmp_path: Path) -> None:

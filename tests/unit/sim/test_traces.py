@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,16 +15,13 @@ from sim.traces import (
     load_trace, prompt_text,
 )
 
-MOONCAKE = "traces/mooncake/conversation_trace.jsonl"
-AZURE_CODE = "traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"
-AZURE_CONV = "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
-SHAREGPT = "conversations/fastchat/dummy_conversation.json"
+RealTrace = Callable[[str], Path]  # the conftest's real_trace fixture: a name of sim.real_traces.REAL_TRACES -> path
 
 
 # ---- real files -------------------------------------------------------------------------------
 
-def test_mooncake_real_trace(shared_data: Path) -> None:
-    reqs = load_mooncake(shared_data / MOONCAKE)
+def test_mooncake_real_trace(real_trace: RealTrace) -> None:
+    reqs = load_mooncake(real_trace("mooncake"))
     assert len(reqs) == 12_031
     assert reqs[0] == TraceRequest(arrival_s=0.0, input_tokens=6758, output_tokens=500, hash_ids=tuple(range(14)))
     assert all(len(r.hash_ids) == math.ceil(r.input_tokens / MOONCAKE_BLOCK_TOKENS) for r in reqs)
@@ -32,14 +30,14 @@ def test_mooncake_real_trace(shared_data: Path) -> None:
     assert 3500 < reqs[-1].arrival_s < 3600
 
 
-def test_mooncake_limit(shared_data: Path) -> None:
-    assert len(load_trace(shared_data / MOONCAKE, limit=30)) == 30
+def test_mooncake_limit(real_trace: RealTrace) -> None:
+    assert len(load_trace(real_trace("mooncake"), limit=30)) == 30
 
 
-@pytest.mark.parametrize(("name", "rows", "span_s"), [(AZURE_CODE, 8_819, 3_436), (AZURE_CONV, 19_366, 3_502)],
+@pytest.mark.parametrize(("name", "rows", "span_s"), [("azure-code", 8_819, 3_436), ("azure-conv", 19_366, 3_502)],
                          ids=["code", "conv"])
-def test_azure_real_traces(shared_data: Path, name: str, rows: int, span_s: float) -> None:
-    reqs = load_trace(shared_data / name)
+def test_azure_real_traces(real_trace: RealTrace, name: str, rows: int, span_s: float) -> None:
+    reqs = load_trace(real_trace(name))
     assert len(reqs) == rows
     assert reqs[0].arrival_s == 0.0
     assert all(b.arrival_s >= a.arrival_s for a, b in zip(reqs, reqs[1:]))
@@ -47,18 +45,19 @@ def test_azure_real_traces(shared_data: Path, name: str, rows: int, span_s: floa
     assert all(r.hash_ids == () and r.messages is None for r in reqs)
 
 
-def test_azure_code_first_rows(shared_data: Path) -> None:
-    first, second = load_azure(shared_data / AZURE_CODE, limit=2)
+def test_azure_code_first_rows(real_trace: RealTrace) -> None:
+    first, second = load_azure(real_trace("azure-code"), limit=2)
     assert (first.input_tokens, first.output_tokens) == (4808, 10)
     assert (second.input_tokens, second.output_tokens) == (3180, 8)
     assert second.arrival_s == pytest.approx(0.052, abs=1e-9)  # 18:17:04.0319600 − 18:17:03.9799600
 
 
-def test_sharegpt_real_file(shared_data: Path) -> None:
-    convs = json.loads((shared_data / SHAREGPT).read_text(encoding="utf-8"))
+def test_sharegpt_real_file(real_trace: RealTrace) -> None:
+    sharegpt = real_trace("sharegpt-fastchat")
+    convs = json.loads(sharegpt.read_text(encoding="utf-8"))
     assert len(convs) == 500
     human_turns = sum(t["from"] == "human" for c in convs for t in c["conversations"])
-    reqs = load_sharegpt(shared_data / SHAREGPT, rate_rps=10.0)
+    reqs = load_sharegpt(sharegpt, rate_rps=10.0)
     assert len(reqs) == human_turns == 1000
     assert all(b.arrival_s >= a.arrival_s for a, b in zip(reqs, reqs[1:]))
     # Turns of one conversation keep their order: each next one extends the previous history.
@@ -69,8 +68,8 @@ def test_sharegpt_real_file(shared_data: Path) -> None:
         for a, b in zip(turns, turns[1:]):
             assert b.messages is not None and a.messages is not None
             assert b.messages[: len(a.messages)] == a.messages and len(b.messages) == len(a.messages) + 2
-    assert load_sharegpt(shared_data / SHAREGPT, rate_rps=10.0) == reqs  # seeded
-    assert detect_format(shared_data / SHAREGPT) == "sharegpt"
+    assert load_sharegpt(sharegpt, rate_rps=10.0) == reqs  # seeded
+    assert detect_format(sharegpt) == "sharegpt"
 
 
 # ---- small files ------------------------------------------------------------------------------
