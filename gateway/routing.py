@@ -20,6 +20,10 @@ backend accepts, so it is relayed with load-only routing — no prefix hashes, t
 length standing in for its prompt's, no bytes-per-token sample — and counted in
 ``gateway_load_only_requests_total{reason}``: a trusted proxy does not refuse what its
 upstream might take.
+
+A chat body's canonical bytes are also kept, in a `gateway.invalidation.PendingFinding`, until
+`RoutingService.invalidation` holds its message fingerprint against the conversations seen before
+(`gateway.invalidation`): the proxy runs it once the request is on its way upstream.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.backends.index_truth import IndexTruth
 from gateway.telemetry.metrics import Telemetry
 from gateway.telemetry.outage import OutageLog
+from gateway.invalidation import LiveInvalidation, PendingFinding
 from prefix_index import (
     CanonicalizationError,
+    Finding,
     IndexCircuitOpen,
     NestingTooDeep,
     PrefixIndex,
@@ -88,11 +94,14 @@ class ParsedRequest(RoutableRequest):
 
     ``load_only_reason``: why the body has no prefix hashes and is routed on load alone
     (``NestingTooDeep.reason``), or None for a body canonicalised and hashed as usual.
+    ``invalidation``: a chat body's prefix-invalidation work (`gateway.invalidation.PendingFinding`),
+    None otherwise.
     """
 
     kind: Kind
     stream: bool
     load_only_reason: str | None = None
+    invalidation: PendingFinding | None = None
 
 
 RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
@@ -134,6 +143,7 @@ class RoutingService:
         self._decision_seconds = telemetry.decision_seconds.labels(policy.name)
         self._load_only = {NestingTooDeep.reason: telemetry.load_only_requests.labels(NestingTooDeep.reason)}
         self._index_seconds = {op: telemetry.index_seconds.labels(op) for op in ("match", "record", "forget")}
+        self.live_invalidation = LiveInvalidation(telemetry, self.served_models)
 
     # -- parsing -------------------------------------------------------------------------
     def parse(self, kind: Kind, raw: bytes) -> ParsedRequest:
@@ -192,7 +202,8 @@ class RoutingService:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
         return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
-                             stream=bool(stream), sequences=sequences)
+                             stream=bool(stream), sequences=sequences,
+                             invalidation=PendingFinding(data, seed) if kind == "chat" else None)
 
     @staticmethod
     def _max_tokens(body: dict[str, Any], kind: Kind) -> int:
@@ -224,6 +235,15 @@ class RoutingService:
         if parsed.load_only_reason is not None and not dry_run:
             self._load_only[parsed.load_only_reason].inc()
         return await self.dispatcher.plan(parsed, targets, dry_run=dry_run)
+
+    def invalidation(self, parsed: ParsedRequest, *, dry_run: bool = False) -> Finding | None:
+        """The request's prefix-invalidation finding at the model's calibrated bytes/token, counted
+        once unless ``dry_run`` (`gateway.invalidation.LiveInvalidation.finding`); None for a body
+        without one (completions, load-only)."""
+        if parsed.invalidation is None:
+            return None
+        return self.live_invalidation.finding(parsed.invalidation, parsed.model,
+                                              self.dispatcher.calibration.get(parsed.model), dry_run=dry_run)
 
     def charge(self, plan: RoutePlan, candidate: Candidate) -> Ticket:
         """Charge a candidate to its backend's ledger now (`dispatch.Dispatcher.charge`)."""

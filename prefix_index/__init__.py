@@ -12,6 +12,8 @@ Public surface (DESIGN.md §4)::
     pool        a fleet-shared KV pool's chains (pseudo-backend KV_POOL_ID), overlaid likewise
     breaker     circuit breaker around an index (a frozen Redis is skipped, then probed)
     deadline    a timeout that times the store, not the event loop's stalls
+    messages    a chat request's per-message fingerprints (xxh3 of each message's canonical bytes)
+    invalidation  prefix invalidation: requests that rewrite the front or middle of an earlier context
     errors      PrefixIndexError tree
 
 Typical request path::
@@ -48,7 +50,10 @@ from prefix_index.hashing import (
     block_size_bytes,
     chain_seed,
 )
+from prefix_index.invalidation import CAUSES as INVALIDATION_CAUSES
+from prefix_index.invalidation import Finding, InvalidationDetector
 from prefix_index.memory_index import MemoryPrefixIndex
+from prefix_index.messages import MessageFingerprint, message_fingerprint
 from prefix_index.pending import PendingChains
 from prefix_index.kv_pool import KV_POOL_ID, kv_pool_capacity, with_kv_pool
 
@@ -57,6 +62,10 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE_TOKENS",
     "BlockMatch",
     "BreakerIndex",
+    "Finding",
+    "INVALIDATION_CAUSES",
+    "InvalidationDetector",
+    "MessageFingerprint",
     "CanonicalizationError",
     "CircuitBreaker",
     "IndexCircuitOpen",
@@ -78,5 +87,6 @@ __all__ = [
     "completion_canonical_bytes",
     "completion_prompts",
     "kv_pool_capacity",
+    "message_fingerprint",
     "with_kv_pool",
 ]

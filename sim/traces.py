@@ -303,7 +303,8 @@ def _block_words(hash_id: int, block_tokens: int) -> str:
     return "".join(random.Random(f"mooncake-block-{hash_id}").choices(_WORDS, k=block_tokens))
 
 
-def _unique_words(seed: str, tokens: int) -> str:
+def unique_words(seed: str, tokens: int) -> str:
+    """``tokens`` words of the form ``" abc"`` drawn from ``seed`` alone (text no other seed shares)."""
     return "".join(random.Random(f"unique-{seed}").choices(_WORDS, k=tokens))
 
 
@@ -335,7 +336,7 @@ def prompt_text(req: TraceRequest, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS,
         parts.append(block if take == block_tokens else block[: take * 4])
         remaining -= take
     if remaining > 0:
-        parts.append(_unique_words(f"{index}-{req.arrival_s!r}-{req.input_tokens}-{req.output_tokens}", remaining))
+        parts.append(unique_words(f"{index}-{req.arrival_s!r}-{req.input_tokens}-{req.output_tokens}", remaining))
     return "".join(parts)
 
 

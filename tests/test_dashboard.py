@@ -230,6 +230,7 @@ def test_dashboard_queries_name_exported_metrics_with_their_labels(scraped_serie
 def test_dashboard_covers_routing_kappa_hit_rate_ttft_load_and_power() -> None:
     used = set().union(*(metric_names(expr) for _, expr in dashboard_queries()))
     assert {
+        "gateway_prefix_invalidated_tokens_total",  # the truncation trap, issue 27
         "gateway_requests_total", "gateway_kappa_ratio_bucket", "gateway_kappa_ratio_loaded_bucket",
         "gateway_kappa_crit_linear", "gateway_prompt_tokens_total",
         "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "gateway_cached_tokens_reported_total",

@@ -132,7 +132,8 @@ GATEWAY_ROOMS: dict[str, set[str]] = {
     "upstream": {"errors", "edge"},       # the aiohttp session, one attempt's request, aiohttp's errors mapped once
     "backends": {"errors", "telemetry", "upstream"},  # health, scrape, the kappa_crit feed, index truth
     "replicas": {"errors", "telemetry"},  # the load exchange between gateway replicas
-    "routing": {"errors", "telemetry", "backends"},  # a body parsed, hashed and sent through dispatch
+    "invalidation": {"telemetry"},        # prefix invalidation live: the detector, its counters, pending findings
+    "routing": {"errors", "telemetry", "backends", "invalidation"},  # a body parsed, hashed and sent through dispatch
     "state": {"edge", "telemetry", "backends", "routing", "replicas"},  # what the lifespan opens
     "proxy": {"errors", "edge", "telemetry", "backends", "routing", "state", "upstream"},  # handler, attempts, relay, SSE
     "routes": {"errors", "edge", "backends", "routing", "state", "proxy"},  # the HTTP surface

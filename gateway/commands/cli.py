@@ -5,7 +5,8 @@ trace against any OpenAI URL) and ``sim`` (policies compared in virtual time) he
 (κ_crit for model × hardware, or for a request on a config's backends) in
 `gateway.commands.crit_cli`; ``mock-vllm`` and ``mock-fleet`` (vLLM-compatible mock
 backends) in `gateway.commands.mock_cli`; ``hot-path`` (what runs compiled, and the image's
-check that all of it does) in `gateway.commands.hot_path_cli`. ``analyze`` is not built yet and is absent, not stubbed.
+check that all of it does) in `gateway.commands.hot_path_cli`; ``analyze`` (what a trace, workload or access log allows
+and costs) in `gateway.commands.analyze_cli`.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def replay_trace(
         raise typer.Exit(1)  # a replay with failed requests is a failed run (scripts and CI can tell)
 
 
-from gateway.commands import crit_cli, hot_path_cli, mock_cli  # noqa: E402,F401 -- register crit; hot-path; mock-vllm, mock-fleet, mock-fleet-worker
+from gateway.commands import analyze_cli, crit_cli, hot_path_cli, mock_cli  # noqa: E402,F401 -- register analyze, crit; hot-path; mock-vllm, mock-fleet, mock-fleet-worker
 
 
 def main() -> None:

@@ -15,6 +15,10 @@ Fields (``-`` where a request never got that far)::
                  time to the first streamed token; from receipt to the last byte, s
     request_bytes, response_bytes
                  body bytes received (decoded) and relayed
+    invalidated_tokens, invalidation_cause
+                 chat requests: the prompt tokens re-prefilled because the request rewrote the front or
+                 middle of an earlier request's context (0 when it did not), and why
+                 (front_truncation | compaction | edit | reorder; `prefix_index.invalidation`)
 
 ``text`` format: ``key=value`` pairs; ``json``: one JSON object per line. No line carries a
 secret, a header other than the request id, or any prompt or completion text.
@@ -28,11 +32,21 @@ from typing import Any
 
 import orjson
 
+from prefix_index import Finding
+
 ACCESS_LOGGER = "kappa_gateway.access"
 FIELDS = ("ts", "request_id", "route", "model", "backend", "status", "outcome", "cached_tokens",
-          "uncached_prompt_tokens", "kappa_ratio", "regime", "ttft_s", "e2e_s", "request_bytes", "response_bytes")
+          "uncached_prompt_tokens", "kappa_ratio", "regime", "ttft_s", "e2e_s", "request_bytes", "response_bytes",
+          "invalidated_tokens", "invalidation_cause")
 
 log = logging.getLogger(ACCESS_LOGGER)
+
+
+def invalidation_fields(finding: Finding | None) -> dict[str, Any]:
+    """The invalidation fields of a request's line: none without a finding (not a chat request)."""
+    if finding is None:
+        return {}
+    return {"invalidated_tokens": finding.invalidated_tokens, "invalidation_cause": finding.cause}
 
 
 class AccessLog:

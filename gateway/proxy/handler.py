@@ -9,10 +9,13 @@ carries the routing headers (``x-kappa-backend``, ``x-kappa-ratio``, ``x-kappa-r
 ``x-kappa-crit``, ``x-kappa-regime`` (`kappa_headers`), ``x-request-id``: the client's own id
 when it is a safe token, else the gateway's). Attempts, the one deadline and retries:
 `gateway.proxy.attempts`; the relay after the first byte and the bookkeeping: `gateway.proxy.relay`.
+A chat body's prefix-invalidation finding is computed in a loop callback once it is routed, so that
+it runs while the request is on its way upstream, not before (`gateway.invalidation`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from typing import Literal
@@ -21,6 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.edge.access_log import invalidation_fields
 from gateway.edge.admission import Slot
 from gateway.edge.answers import error_response
 from gateway.proxy.attempts import ClientWatch, first_byte
@@ -127,6 +131,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
     raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
     parsed = gw.routing.parse(kind, raw)
     plan = await gw.routing.plan(parsed)
+    if parsed.invalidation is not None:  # a chat body: counted once on its way upstream (gateway.invalidation)
+        asyncio.get_running_loop().call_soon(gw.routing.invalidation, parsed)
     client = request.client
     up_headers = forward_headers(request.headers, client.host if client else None,
                                  authorization=gw.settings.gateway.forward_authorization)
@@ -157,7 +163,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
             gw.telemetry.count_request(gone.backend, parsed.model, plan.decision.policy, "none", "client_disconnect")
             gw.access_log.write(request_id=request_id, route=kind, model=parsed.model, backend=gone.backend,
                                 status=CLIENT_CLOSED_REQUEST, outcome="client_disconnect",
-                                e2e_s=gw.clock() - received_s, request_bytes=len(raw))
+                                e2e_s=gw.clock() - received_s, request_bytes=len(raw),
+                                **invalidation_fields(gw.routing.invalidation(parsed)))
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: the client has gone
     finally:
         watch.stop()

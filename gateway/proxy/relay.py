@@ -31,12 +31,15 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from dispatch import Plan
+from prefix_index import Finding
 from gateway.upstream.errors import Phase, mapped_errors
 from gateway.proxy.attempts import ClientWatch, FirstByte
+from gateway.edge.access_log import invalidation_fields
 from gateway.edge.scope import CLIENT_GONE
 from gateway.errors import ClientGone, ShuttingDown, UpstreamError, UpstreamReset, UpstreamTimeout
 from gateway.backends.kappa_feed import prediction
 from gateway.proxy.sse import SseObserver, error_tail, usage_from_body
+from gateway.routing import ParsedRequest
 from gateway.state import GatewayState
 
 log = logging.getLogger("kappa_gateway.proxy")
@@ -220,7 +223,13 @@ class Relay:
             backend=c.backend_id, status=status, outcome=outcome, cached_tokens=c.cached_tokens,
             uncached_prompt_tokens=c.uncached_prompt_tokens, kappa_ratio=c.estimate.kappa_ratio,
             regime=c.estimate.regime.value, ttft_s=obs.ttft_s, e2e_s=self.gw.clock() - obs.start_s,
-            request_bytes=self.request_bytes, response_bytes=self.response_bytes)
+            request_bytes=self.request_bytes, response_bytes=self.response_bytes,
+            **invalidation_fields(self._invalidation()))
+
+    def _invalidation(self) -> Finding | None:
+        """The request's prefix-invalidation finding (counted by then: `gateway.invalidation`)."""
+        request = self.plan.request
+        return self.gw.routing.invalidation(request) if isinstance(request, ParsedRequest) else None
 
 
 class RelayedStream(StreamingResponse):

@@ -165,7 +165,13 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     token with this request in the batch), ``predicted_decode_s``, ``predicted_e2e_s`` (TTFT +
     decode), ``predicted_interference_s`` (the seconds it would add to the E2E of the requests
     already there) and ``decode_batch_requests``. ``load_only_reason`` is null, or why the body would be
-    routed on load alone, without prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``)."""
+    routed on load alone, without prefix hashes (`gateway.routing`: e.g. ``nesting_too_deep``).
+    ``invalidation`` (chat bodies; null otherwise) is the body's prefix-invalidation finding against the
+    conversations the gateway has seen (`prefix_index.Finding.as_dict`): ``cause`` (null: append-only or
+    no earlier conversation; else front_truncation, compaction, edit or reorder), ``invalidated_tokens``
+    (the earlier request's tokens it would prefill again; ``invalidated_bytes``, their canonical bytes), ``conversation`` (which earlier conversation,
+    an id of this process), ``earlier_messages``, ``common_prefix_messages``, ``messages``. Explaining
+    records nothing: the finding a real request would get is unchanged."""
     slot = gw.admission.admit()
     try:
         raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
@@ -186,6 +192,7 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
         kind = "chat"  # parse_loaded() answers that the body must be a JSON object
     parsed = gw.routing.parse_loaded(kind, body, len(raw))
     plan = await gw.routing.plan(parsed, dry_run=True)
+    finding = gw.routing.invalidation(parsed, dry_run=True)
     rank = {c.backend_id: i for i, c in enumerate(plan.decision.ranked)}
     views = {v.backend_id: v for v in plan.views}
     candidates = []
@@ -212,6 +219,7 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
         "model": f.model, "kind": kind, "policy": plan.decision.policy, "chosen": plan.decision.chosen.backend_id,
         "reason": plan.decision.reason, "index_available": plan.index_ok,
         "load_only_reason": parsed.load_only_reason,
+        "invalidation": None if finding is None else finding.as_dict(),
         "prompt_tokens_estimate": f.prompt_tokens, "prompt_blocks": f.prompt_blocks,
         "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "n": f.sequences,
         "candidates": candidates,

@@ -24,6 +24,7 @@ app factory reads from ``PROMETHEUS_MULTIPROC_DIR``; nothing here reads the envi
 | ``gateway_kappa_fit_requests`` | gauge | backend, kind=compute\\|load (requests behind the measured κ_crit_linear) |
 | ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_kv_pool\\|uncached (index estimate) |
 | ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
+| ``gateway_prefix_invalidated_tokens_total`` / ``gateway_prefix_invalidations_total`` | counter | model, cause = front_truncation\\|compaction\\|edit\\|reorder (`prefix_index.invalidation`) |
 | ``gateway_ttft_seconds``, ``gateway_itl_seconds``, ``gateway_e2e_seconds`` | histogram | backend (TTFT, ITL: streams only) |
 | ``gateway_time_to_response_headers_seconds`` | histogram | backend, stream=true\\|false |
 | ``gateway_in_flight_requests``, ``gateway_kv_demand_bytes`` | gauge | backend |
@@ -134,7 +135,8 @@ class Telemetry:
                                        ["backend", "kind"], multiprocess_mode="mostrecent", registry=r)
 
     def _declare_token_metrics(self, r: CollectorRegistry) -> None:
-        """Prompt tokens by where the index expected them, and cached tokens predicted vs reported."""
+        """Prompt tokens by where the index expected them, cached tokens predicted vs reported, and the
+        tokens prefix invalidation costs."""
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens routed, by where the index expected them.",
                                      ["backend", "source"], registry=r)
         self.cached_estimated = Counter("gateway_cached_tokens_estimated",
@@ -143,6 +145,14 @@ class Telemetry:
         self.cached_reported = Counter("gateway_cached_tokens_reported",
                                        "Cached prompt tokens the backend reported (usage.prompt_tokens_details).",
                                        ["backend"], registry=r)
+        self.invalidated_tokens = Counter(
+            "gateway_prefix_invalidated_tokens", "Prompt tokens re-prefilled because a chat request rewrote the front "
+            "or middle of an earlier request's context (prefix_index.invalidation: the earlier messages it repeated "
+            "after the change, which an append-only context would have had as prefix hits), by cause.",
+            ["model", "cause"], registry=r)
+        self.invalidations = Counter("gateway_prefix_invalidations", "Chat requests that rewrote the front or middle "
+                                     "of an earlier request's context, by cause (prefix_index.invalidation).",
+                                     ["model", "cause"], registry=r)
 
     def _declare_latency_metrics(self, r: CollectorRegistry) -> None:
         """Latencies seen from the gateway: TTFT, response headers, ITL, end to end."""

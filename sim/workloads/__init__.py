@@ -17,6 +17,10 @@ name                        what                                                
 ``agentic-coding``          `agentic_coding`: append-only growing contexts          κ ~ 10
 ==========================  ======================================================  =========
 
+``chat`` and ``chat-sliding-window`` also come with their chat messages
+(``build_workload(name, n, seed, messages=True)``): what a live gateway and ``kappa-gateway analyze``
+need to see a sliding window (`sim.workloads.chat`).
+
 The real traces are read from ``../shared/data`` beside the repository (`sim.real_traces`:
 their sources, licences and generated stand-ins; the README's "Real traces"); where a file is
 absent they raise `FileNotFoundError` saying where to get it and which workload stands in. Generated rates at scale 1 are
@@ -53,12 +57,14 @@ RATES_RPS = {
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """A named workload: ``build(n, seed)`` gives its first ``n`` requests (a real trace ignores the seed)."""
+    """A named workload: ``build(n, seed)`` gives its first ``n`` requests (a real trace ignores the seed);
+    ``build_messages(n, seed)`` the same records with their chat messages, where the workload has them."""
 
     name: str
     build: Callable[[int, int], list[TraceRequest]]
     real: bool
     description: str
+    build_messages: Callable[[int, int], list[TraceRequest]] | None = None
 
 
 def _registry() -> dict[str, Workload]:
@@ -80,21 +86,37 @@ def _registry() -> dict[str, Workload]:
         "agentic-coding": (lambda n, seed: agentic_coding(n, rate_rps=RATES_RPS["agentic-coding"], seed=seed),
                            "coding-agent sessions, append-only contexts"),
     }
+    windows = {"chat": None, "chat-sliding-window": DEFAULT_WINDOW_TOKENS}
     for name, (build, description) in generated.items():
-        out[name] = Workload(name, build, False, description)
+        out[name] = Workload(name, build, False, description,
+                             _chat_with_messages(RATES_RPS[name], windows[name]) if name in windows else None)
     return out
+
+
+def _chat_with_messages(rate_rps: float, window_tokens: int | None) -> Callable[[int, int], list[TraceRequest]]:
+    """The chat workload's builder with its messages (`sim.workloads.chat`)."""
+    def build(n: int, seed: int) -> list[TraceRequest]:
+        return multi_turn_chat(n, rate_rps=rate_rps, seed=seed, window_tokens=window_tokens, messages=True)
+    return build
 
 
 WORKLOADS: dict[str, Workload] = _registry()
 
 
-def build_workload(name: str, n: int, seed: int = 0) -> list[TraceRequest]:
-    """The first ``n`` requests of workload ``name`` at rate scale 1.
+def build_workload(name: str, n: int, seed: int = 0, *, messages: bool = False) -> list[TraceRequest]:
+    """The first ``n`` requests of workload ``name`` at rate scale 1 (``messages``: with their chat
+    messages, `Workload.build_messages`).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name, or ``messages`` for a workload without them.
         FileNotFoundError: a real trace's file is absent (`sim.real_traces.missing_message`).
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
-    return WORKLOADS[name].build(n, seed)
+    workload = WORKLOADS[name]
+    if not messages:
+        return workload.build(n, seed)
+    if workload.build_messages is None:
+        with_them = ", ".join(w.name for w in WORKLOADS.values() if w.build_messages is not None)
+        raise ValueError(f"workload {name!r} has no chat messages (those that do: {with_them})")
+    return workload.build_messages(n, seed)

@@ -14,6 +14,14 @@ the prefix cache finds only the system prompt. Nothing errors and nothing warns 
 rate silently collapses, which the simulator shows (`tests/unit/sim/test_workloads_sessions.py`
 measures it without any engine).
 
+With ``messages=True`` every record also carries the chat it sends (`sim.traces.TraceRequest.messages`,
+and its conversation as ``session_id``): the system prompt (the head blocks' text,
+`sim.traces.prompt_text`), then each kept (user, answer) pair and the new user message, each text
+drawn from its conversation, turn and role alone (`sim.traces.unique_words`, one word a token), so
+the windowed chat sends the whole chat's messages minus its oldest pairs — what a live gateway sees
+of a sliding window (`prefix_index.invalidation`). Token counts and arrivals are those of the
+records without messages; the simulator takes only those (`sim.prompts.prepare_trace`).
+
 Assumed figures (no public trace gives them together; chosen to be plausible and stated):
 turns per conversation log-normal, median `CHAT_TURNS_MEDIAN`; user messages median
 `CHAT_USER_MEDIAN_TOKENS`; answers median `CHAT_ANSWER_MEDIAN_TOKENS`; the next turn comes
@@ -30,7 +38,7 @@ import math
 import random
 from collections.abc import Iterator
 
-from sim.traces import TraceRequest
+from sim.traces import TraceRequest, prompt_text, unique_words
 from sim.workloads.sessions import BLOCK_TOKENS, BlockNamer, Turn, interleave, lognormal_int
 
 CHAT_SYSTEM_TOKENS = 2 * BLOCK_TOKENS
@@ -55,7 +63,8 @@ WARMUP_S = 2 * CHAT_TURNS_MEDIAN * math.exp(CHAT_TURNS_SIGMA ** 2 / 2) * CHAT_TH
 conversation's length, 2 × 16.7 turns × 41 s ≈ 1,370 s."""
 
 
-def multi_turn_chat(n: int, *, rate_rps: float, seed: int = 0, window_tokens: int | None = None) -> list[TraceRequest]:
+def multi_turn_chat(n: int, *, rate_rps: float, seed: int = 0, window_tokens: int | None = None,
+                    messages: bool = False) -> list[TraceRequest]:
     """``n`` chat requests (see the module docstring), whole or sliding-window truncated.
 
     Args:
@@ -64,6 +73,7 @@ def multi_turn_chat(n: int, *, rate_rps: float, seed: int = 0, window_tokens: in
         seed: random seed.
         window_tokens: the sliding window, tokens (≥ `CHAT_SYSTEM_TOKENS` + the longest user
             message, so every turn fits); None keeps the whole history.
+        messages: also give each record its chat messages and conversation (module docstring).
 
     Raises:
         ValueError: ``n`` < 0, ``rate_rps`` ≤ 0, or a window no larger than the system prompt.
@@ -75,13 +85,16 @@ def multi_turn_chat(n: int, *, rate_rps: float, seed: int = 0, window_tokens: in
         raise ValueError(f"rate_rps must be > 0, got {rate_rps}")
     namer = BlockNamer(CHAT_SYSTEM_TOKENS // BLOCK_TOKENS)
     limit = window_tokens if window_tokens is not None else MAX_CONTEXT_TOKENS
+    system = {"role": "system", "content": prompt_text(TraceRequest(0.0, CHAT_SYSTEM_TOKENS, 1, namer.head_ids))}
 
     def conversation(rng: random.Random, number: int) -> Iterator[Turn]:
         turns = lognormal_int(rng, CHAT_TURNS_MEDIAN, CHAT_TURNS_SIGMA, 1, CHAT_TURNS_MAX)
         pairs: list[int] = []  # tokens of each finished (user, answer) pair
         first = 0  # the oldest pair still in the prompt
         body = 0  # tokens of pairs[first:]
-        for _ in range(turns):
+        history: list[dict] = []  # with messages: each finished pair's user and answer message
+        session = f"chat-{seed}-{number}"
+        for turn in range(turns):
             user = lognormal_int(rng, CHAT_USER_MEDIAN_TOKENS, CHAT_USER_SIGMA, 4, CHAT_USER_MAX_TOKENS)
             answer = lognormal_int(rng, CHAT_ANSWER_MEDIAN_TOKENS, CHAT_ANSWER_SIGMA, 8, 2_000)
             while CHAT_SYSTEM_TOKENS + body + user > limit and first < len(pairs) and window_tokens is not None:
@@ -91,7 +104,13 @@ def multi_turn_chat(n: int, *, rate_rps: float, seed: int = 0, window_tokens: in
             if CHAT_SYSTEM_TOKENS + stream > limit:
                 return  # the whole history reached the model's context: the chat ends
             gap = rng.lognormvariate(math.log(CHAT_THINK_MEDIAN_S), CHAT_THINK_SIGMA)
-            yield Turn(CHAT_SYSTEM_TOKENS + stream, answer, namer.prompt((number, first), stream), gap)
+            if not messages:
+                yield Turn(CHAT_SYSTEM_TOKENS + stream, answer, namer.prompt((number, first), stream), gap)
+            else:
+                asked = {"role": "user", "content": unique_words(f"{session}-{turn}-user", user)}
+                yield Turn(CHAT_SYSTEM_TOKENS + stream, answer, namer.prompt((number, first), stream), gap,
+                           messages=(system, *history[2 * first:], asked), session_id=session)
+                history += (asked, {"role": "assistant", "content": unique_words(f"{session}-{turn}-answer", answer)})
             pairs.append(user + answer)
             body += user + answer
 

@@ -76,12 +76,15 @@ class BlockNamer:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One request of a session and the wait before the session's next one."""
+    """One request of a session and the wait before the session's next one (``messages`` and
+    ``session_id``: the chat messages it sends and its conversation, where the workload gives them)."""
 
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...]
     gap_after_s: float
+    messages: tuple[dict, ...] | None = None
+    session_id: str | None = None
 
 
 Session = Callable[[random.Random, int], Iterator[Turn]]
@@ -133,7 +136,7 @@ def interleave(n: int, *, session_rate_rps: float, seed: int, name: str, session
         if now < warmup_s:
             continue
         out.append(TraceRequest(arrival_s=now - warmup_s, input_tokens=turn.input_tokens, output_tokens=turn.output_tokens,
-                                hash_ids=turn.hash_ids))
+                                hash_ids=turn.hash_ids, messages=turn.messages, session_id=turn.session_id))
     return out
 
 
