@@ -38,7 +38,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 
 def settings_doc(n_backends: int = 8) -> dict[str, Any]:
-    from overhead import HARDWARE, MODEL  # bench/ is on sys.path when run as a script
+    from overhead_servers import HARDWARE, MODEL  # bench/ is on sys.path when run as a script
     return {"gateway": {"host": "127.0.0.1", "port": 1},
             "index": {"backend": "memory"}, "routing": {"policy": "kappa", "seed": 0},
             "backends": [{"id": f"b{i}", "url": f"http://127.0.0.1:{10_000 + i}", "model": MODEL,

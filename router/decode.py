@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from router import kappa
-from router.cost import BackendSpec, CostEstimate, roofline
+from router.cost import BackendSpec, CostEstimate
 from router.types import BackendView, RequestFeatures
 
 
@@ -70,7 +70,9 @@ def decode_step_s(spec: BackendSpec, sequences: float, context_tokens: float) ->
     flops = sequences * c.f_linear + c.a_full * context_tokens
     # Per sequence: sliding-window layers hold at most their window of each one's context.
     hbm = c.weights_read_bytes(sequences) + sequences * c.kv_bytes(context_tokens / sequences)
-    return roofline(spec, flops=flops, hbm_bytes=hbm).duration_s
+    # `router.cost.roofline` with nothing to load, inlined (it is priced for every candidate of
+    # every request): max(compute, HBM); tests hold it to the mock engine's own step.
+    return max(flops / spec.c_eff_flops_per_s, hbm / spec.hbm_bandwidth_bytes_per_s)
 
 
 def estimate_decode(features: RequestFeatures, estimate: CostEstimate, view: BackendView) -> DecodeEstimate:
@@ -89,9 +91,10 @@ def estimate_decode(features: RequestFeatures, estimate: CostEstimate, view: Bac
         context += view.foreign_requests * mean
         batch += view.foreign_requests
     spec = view.spec
-    before = decode_step_s(spec, batch, context)
     itl = decode_step_s(spec, batch + sequences, context + own_context)
     decode = (output - 1) * itl
-    overlap = min(batch * output, view.output_tokens / 2.0) if batch else 0.0
-    interference = batch * estimate.prefill_s + (itl - before) * overlap
+    interference = 0.0
+    if batch:
+        overlap = min(batch * output, view.output_tokens / 2.0)
+        interference = batch * estimate.prefill_s + (itl - decode_step_s(spec, batch, context)) * overlap
     return DecodeEstimate(itl, decode, estimate.ttft_s + decode, interference, batch)

@@ -152,10 +152,15 @@ class KappaPolicy:
             decodes = {c.backend_id: estimate_decode(features, c.estimate, v) for c, v in zip(candidates, views)}
         scores = {c.backend_id: self.score(c, decodes.get(c.backend_id)) for c in candidates}
         slo = p.ttft_slo_s
-        groups: tuple[list[Candidate], ...] = ([], [], [], [])  # admitted in SLO, admitted, in SLO, rest
-        for c in candidates:
-            groups[(0 if c.admitted else 2) + (0 if slo <= 0 or c.estimate.ttft_s <= slo else 1)].append(c)
-        ranked = tuple(c for group in groups for c in self._rank(group, scores, rng))
+        if slo <= 0:
+            admitted = [c for c in candidates if c.admitted]
+            rest = [c for c in candidates if not c.admitted]
+            ranked = self._rank(admitted, scores, rng) + self._rank(rest, scores, rng)
+        else:
+            groups: tuple[list[Candidate], ...] = ([], [], [], [])  # admitted in SLO, admitted, in SLO, rest
+            for c in candidates:
+                groups[(0 if c.admitted else 2) + (0 if c.estimate.ttft_s <= slo else 1)].append(c)
+            ranked = tuple(c for group in groups for c in self._rank(group, scores, rng))
         best = ranked[0]
         est = best.estimate
         reason = f"least predicted TTFT {est.ttft_s:.4f}s"
