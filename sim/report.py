@@ -15,7 +15,7 @@ Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
   loaded from host tiers.
 - regime_share = share of requests whose chosen backend's predicted regime was compute /
   transfer (the x-kappa-regime the gateway would have sent).
-- Per backend, as the demo reports (`gateway.commands.demo.build_report`): requests;
+- Per backend, as the demo reports (`gateway.commands.demo_figures.build_report`): requests;
   ``kappa_crit_linear`` (the backend's T-independent κ_crit); transfer = requests routed
   there transfer-bound (their κ_ratio_loaded above their own κ_crit there, the
   x-kappa-regime); high-κ = κ_ratio above one fleet-wide threshold, the lowest

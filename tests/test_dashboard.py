@@ -250,3 +250,73 @@ def test_dashboard_variables_are_defined_and_query_exported_labels(scraped_serie
         match = re.fullmatch(rf"label_values\(\s*({NAME})\s*,\s*(\w+)\s*\)", query)
         assert match, f"${name}: {query!r}"
         assert match.group(2) in scraped_series.get(match.group(1), set()), f"${name}: {query!r}"
+
+
+# --- no NaN or +Inf: an idle backend is shown idle (issue 27, item 5) -----------------------------
+
+def divisors(expr: str) -> list[str]:
+    """The right operand of every ``/`` in a PromQL expression: the balanced ``(...)`` group, or the
+    function call or aggregation (``sum by (l) (...)``), number or selector that follows (strings and
+    ``[range]`` skipped)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    s = re.sub(r"\[[^\]]*\]", "[]", s)
+    out = []
+    for match in re.finditer(r"/", s):
+        rest = s[match.end():].lstrip()
+        head = re.match(rf"(?:{NAME}\s*(?:(?:by|without)\s*\([^)]*\)\s*)?)?", rest).group()
+        depth, end = 0, len(head)
+        for end in range(len(head), len(rest)):
+            depth += {"(": 1, "{": 1, ")": -1, "}": -1}.get(rest[end], 0)
+            if depth == 0 and (rest[end] in ")}" or not head and rest[end] in " \t"):
+                break
+        out.append(rest[: end + 1].strip())
+    return out
+
+
+def guarded(divisor: str) -> bool:
+    """A divisor that cannot be 0: a non-zero number, ``clamp_min(x, m > 0)``, or ``(... > 0)`` (which
+    drops the zero series, so the quotient has no point there rather than NaN or +Inf)."""
+    if re.fullmatch(r"[0-9.eE+-]+", divisor):
+        return float(divisor) != 0
+    if divisor.startswith("clamp_min("):
+        return float(divisor.rstrip(")").rsplit(",", 1)[1]) > 0
+    return divisor.startswith("(") and re.search(r">\s*0(?:\.0*)?\s*\)$", divisor) is not None
+
+
+@pytest.mark.parametrize(
+    ("expr", "ok"),
+    [
+        ("sum by (backend) (rate(a_total[5m])) / sum by (backend) (rate(b_total[5m]))", False),
+        ("sum by (backend) (rate(a_total[5m])) / (sum by (backend) (rate(b_total[5m])) > 0)", True),
+        ('rate(a_total{x="a/b"}[5m]) / clamp_min(rate(b_total[5m]), 1e-9)', True),
+        ("rate(a_total[5m]) / clamp_min(rate(b_total[5m]), 0)", False),
+        ("a_bytes / 1e9", True),
+        ("a_bytes / b_bytes", False),
+        ("a / (b > bool 0)", False),
+    ],
+    ids=["bare-rate", "filtered", "clamped", "clamped-at-zero", "constant", "bare-gauge", "bool-keeps-zeros"],
+)
+def test_the_divisor_checker_tells_guarded_from_bare(expr: str, ok: bool) -> None:
+    assert divisors(expr) and all(guarded(d) for d in divisors(expr)) == ok, divisors(expr)
+
+
+def test_no_dashboard_quotient_can_be_nan_or_inf() -> None:
+    """An idle backend (no requests in the window) made J/request +Inf and the shares NaN: every
+    divisor is now filtered to its non-zero series, so an idle backend has no point there."""
+    bare = [f"{where}: / {d}" for where, expr in dashboard_queries() for d in divisors(expr) if not guarded(d)]
+    assert not bare, "\n".join(bare)
+
+
+def test_the_backend_state_panel_shows_idle_backends_as_idle() -> None:
+    """down / idle / serving: up with no request routed in the window reads idle, not a gap or a 0 J."""
+    panels = [p for p in DASHBOARD["panels"] if p["type"] == "stat" and any(
+        o.get("text") == "idle" for m in p["fieldConfig"]["defaults"].get("mappings", []) for o in m["options"].values())]
+    assert len(panels) == 1, [p["title"] for p in panels]
+    panel = panels[0]
+    options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    assert {value: o["text"] for value, o in options.items()} == {"0": "down", "1": "idle", "2": "serving"}
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    # up (0/1) × (1 + serving (0/1)): 0 down whatever it serves, 1 up and idle, 2 up and serving
+    assert re.fullmatch(r'max by \(backend\) \(gateway_backend_up\{backend=~"\$backend"\}\) \* '
+                        r'\(1 \+ \(sum by \(backend\) \(rate\(gateway_requests_total\{backend=~"\$backend"\}'
+                        r'\[\$__rate_interval\]\)\) > bool 0\)\)', expr), expr

@@ -82,25 +82,33 @@ def demo(
     rate: Annotated[float, typer.Option("--rate", min=0.01, help="built-in generator's arrival rate, modelled requests/s")] = 2.5,
     speedup: Annotated[float, typer.Option("--speedup", min=0.01, help="replay a --trace this many times faster (modelled time)")] = 1.0,
     time_scale: Annotated[float, typer.Option("--time-scale", min=0.001, help="mocks' wall seconds per modelled second (0.4: 2.5x real time)")] = 0.4,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="the generator's seed (arrivals and prompts), and the gateway's tie-breaks' unless the config sets routing.seed")] = 0,
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config")] = Path("config/fleet.local.yaml"),
+    baseline: Annotated[str, typer.Option("--baseline", help="the policy run after κ on the same requests and a fresh fleet (round-robin, least-loaded, prefix-affinity, weighted, kappa), or none")] = "round-robin",
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """Start the local mock fleet and the gateway, replay real-shaped traffic, report routing per backend."""
+    """Start the local mock fleet and the gateway, replay real-shaped traffic, report routing per backend;
+    then the same traffic through a baseline policy on a fresh fleet, side by side."""
     from gateway.commands.demo import run_demo
     from gateway.commands.demo_report import print_report
+    from router.policies import POLICY_NAMES
 
-    load_config(config)  # fail early, with the path, on a bad config
+    if baseline != "none" and baseline not in POLICY_NAMES:
+        raise typer.BadParameter(f"{baseline!r}: one of {', '.join(POLICY_NAMES)}, none", param_hint="--baseline")
+    settings = load_config(config)  # fail early, with the path, on a bad config
     if not as_json:
-        typer.echo(f"starting the mock fleet of {config} (time scale {time_scale:g}) and the gateway, then replaying "
-                   f"{requests} requests (about a minute by default)…", err=True)
+        then = "" if baseline == "none" else f", then the same requests through {baseline} on a fresh fleet"
+        typer.echo(f"starting the mock fleet of {config} (time scale {time_scale:g}) and the gateway "
+                   f"({settings.routing.policy}), replaying {requests} requests{then} "
+                   f"(about {'a minute' if baseline == 'none' else 'two and a half minutes'} by default)…", err=True)
     report = run_demo(requests=requests, trace=trace, rate_rps=rate, speedup=speedup, time_scale=time_scale,
-                      seed=seed, config=config, progress=not as_json)
+                      seed=seed, config=config, baseline=None if baseline == "none" else baseline,
+                      progress=not as_json)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
         print_report(report, Console())
-    if report["errors"]:
+    if report["errors"] or (report["baseline"] or {}).get("errors"):
         raise typer.Exit(1)
 
 

@@ -1,25 +1,27 @@
-"""``kappa-gateway demo``: the fleet of ``config/fleet.local.yaml``, the gateway, real traffic, a report.
+"""``kappa-gateway demo``: the fleet of ``config/fleet.local.yaml``, the gateway, real traffic, a report,
+and the same traffic through a baseline policy beside it.
 
-Starts the four mock backends (child processes) and the gateway (a child process, embedded
-index) on free loopback ports, replays a workload through real HTTP (`gateway.commands.replay`),
-and reports per backend: requests, the transfer-bound share (the regime the gateway decided
-for each request against that backend's own κ_crit at the request's T, ``x-kappa-regime``),
-κ_ratio and κ_ratio_loaded p50/p90, the requests' median κ_crit, prefix hit rate, TTFT
-p50/p90 and energy (from each mock's ``mock_vllm:energy_joules_total``), and the κ_crit the
-gateway measured with its 95% interval (``/v1/kappa/backends``, `router.kappa_fit`). Every process it
-started is ended by its pid when it finishes.
+Each run starts the four mock backends (child processes) and the gateway (a child process,
+embedded index) on free loopback ports, replays a workload through real HTTP
+(`gateway.commands.replay`) and collects its figures (`gateway.commands.demo_figures`, every
+term defined once in its ``DEFINITIONS``): per backend, requests, the transfer share, κ_ratio and
+κ_ratio_loaded p50/p90, the requests' median κ_crit, prefix hit rate, TTFT p50/p90, E2E p90, ITL
+p50 and energy (each mock's ``mock_vllm:energy_joules_total``), and the κ_crit the gateway
+measured with its 95% interval (``/v1/kappa/backends``, `router.kappa_fit`).
 
-TTFT is measured by the client on the wall clock and divided by the mocks' time scale, so
-it reads in modelled seconds (at time scale 1 the two agree).
+First the config's policy (κ), then the baseline (``round-robin`` unless told otherwise; any of
+`router.policies.POLICY_NAMES`, or none): the same requests (one seed: the same arrivals and
+prompts, and the gateway's tie-breaks unless the config seeds them), on a fresh fleet and gateway (cold caches, new ports), one run after the other, never
+both at once. `gateway.commands.demo_compare` puts the two side by side (``kappa_vs_baseline``)
+and states how far two runs of one policy differ by live timing alone (``repeat_tolerance``).
+Every process a run started is ended by its pid when the run finishes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,11 +38,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_config.catalog import CONFIG_DIR, default_catalog
 from gateway.commands.fleet import READY_TIMEOUT_S, mock_fleet
+from gateway.commands.demo_compare import kappa_vs_baseline, repeat_tolerance
+from gateway.commands.demo_figures import DEFINITIONS, build_report
 from gateway.commands.processes import answers_ok, free_port, stop_processes
-from gateway.commands.replay import RequestResult, replay
-from sim.report import percentile
-from fleet_config.settings import BackendEntry, Settings, load_settings, parse_settings
-from router.profiles import Catalog
+from gateway.commands.replay import replay
+from fleet_config.settings import Settings, load_settings, parse_settings
+from router.policies import POLICY_NAMES
 from sim.traces import TraceRequest, load_trace
 from sim.workloads import mooncake_like
 
@@ -50,12 +53,28 @@ DEFAULT_RATE_RPS = 2.5  # modelled requests/s (Mooncake's own rate is 3.4)
 # Mocks run 2.5× faster than real time: 400 requests in about a minute of wall time, enough for
 # per-backend shares to mean something, with the 2-core machine's mocks still on schedule.
 DEFAULT_TIME_SCALE = 0.4
+DEFAULT_BASELINE = "round-robin"  # the policy a router without κ or a cache index would run
 
 
-def on_free_ports(settings: Settings) -> Settings:
+def on_free_ports(settings: Settings, *, policy: str | None = None, routing_seed: int | None = None) -> Settings:
     """The same fleet with the gateway and every backend moved to free loopback ports (and no
-    shutdown drain: no load balancer watches the demo's gateway)."""
+    shutdown drain: no load balancer watches the demo's gateway).
+
+    Args:
+        policy: a `router.policies.POLICY_NAMES` name to route by instead of the config's; a
+            policy other than the config's runs with its own default parameters (the config's
+            ``routing.params`` are the config policy's). None keeps the config's.
+        routing_seed: seeds the gateway's tie-breaks (``routing.seed``) when the config sets none:
+            then two runs break an exact tie (two identical, cold backends) the same way.
+
+    Raises:
+        ConfigError: an unknown policy (the message lists the known ones).
+    """
     doc = settings.model_dump(mode="json")
+    if policy is not None and policy != doc["routing"]["policy"]:
+        doc["routing"]["policy"], doc["routing"]["params"] = policy, {}
+    if routing_seed is not None and doc["routing"]["seed"] is None:
+        doc["routing"]["seed"] = routing_seed
     doc["gateway"]["host"], doc["gateway"]["port"] = "127.0.0.1", free_port()
     doc["gateway"]["shutdown_drain_delay_s"] = 0.0
     for backend in doc["backends"]:
@@ -125,14 +144,55 @@ def workload(requests: int, trace: Path | None, rate_rps: float, seed: int) -> l
 
 def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rate_rps: float = DEFAULT_RATE_RPS,
              speedup: float = 1.0, time_scale: float = DEFAULT_TIME_SCALE, seed: int = 0,
-             config: Path = DEFAULT_CONFIG, progress: bool = True) -> dict[str, Any]:
-    """Run the whole demo; returns the report (see `build_report`).
+             config: Path = DEFAULT_CONFIG, baseline: str | None = DEFAULT_BASELINE,
+             progress: bool = True) -> dict[str, Any]:
+    """Run the whole demo: the config's policy, then ``baseline`` on the same requests.
 
     Arrivals are in modelled time: ``rate_rps`` and a trace's timestamps, sped up by ``speedup``,
     are replayed ``1 / time_scale`` times faster on the wall clock, as the mocks run.
+
+    Args:
+        baseline: a `router.policies.POLICY_NAMES` name, or None for the config's policy alone.
+
+    Returns:
+        The config policy's run (`run_policy`) with ``workload``, ``definitions``
+        (`gateway.commands.demo_figures.DEFINITIONS`), ``repeat_tolerance``
+        (`gateway.commands.demo_compare.repeat_tolerance` for this many requests), ``baseline`` (the baseline's run, the
+        same keys and figures; null without one), ``kappa_vs_baseline``
+        (`gateway.commands.demo_compare.kappa_vs_baseline`; null without one) and ``total_wall_s``
+        (both runs, s; ``wall_s`` is the config policy's run alone).
+
+    Raises:
+        ValueError: an unknown ``baseline`` policy.
     """
-    settings = on_free_ports(load_settings(config, default_catalog(), env={}))
+    if baseline is not None and baseline not in POLICY_NAMES:
+        raise ValueError(f"unknown baseline policy {baseline!r} (known: {', '.join(POLICY_NAMES)})")
+    started = time.monotonic()
+    settings = load_settings(config, default_catalog(), env={})
     reqs = workload(requests, trace, rate_rps, seed)
+    report = run_policy(on_free_ports(settings, routing_seed=seed), reqs, speedup=speedup, time_scale=time_scale,
+                        progress=progress)
+    other = None
+    if baseline is not None:  # ports chosen now: the first run's are free again, and it is over
+        other = run_policy(on_free_ports(settings, policy=baseline, routing_seed=seed), reqs, speedup=speedup,
+                           time_scale=time_scale, progress=progress)
+    report.update(
+        workload=str(trace) if trace else f"built-in Mooncake-like generator, {rate_rps:g} req/s, seed {seed}",
+        definitions=DEFINITIONS, repeat_tolerance=repeat_tolerance(len(reqs)).as_dict(), baseline=other,
+        kappa_vs_baseline=kappa_vs_baseline(report["figures"], other["figures"]) if other else None,
+        total_wall_s=round(time.monotonic() - started, 1))
+    return report
+
+
+def run_policy(settings: Settings, reqs: Sequence[TraceRequest], *, speedup: float, time_scale: float,
+               progress: bool) -> dict[str, Any]:
+    """One run: a fresh mock fleet and gateway for ``settings`` (already on free ports), ``reqs``
+    replayed through them, then everything stopped.
+
+    Returns:
+        `gateway.commands.demo_figures.build_report` of the run, with ``kappa_crit_measured``
+        (backend id → the gateway's measured κ_crit, `_measured_kappa_crit`) and ``wall_s`` (this run's).
+    """
     started = time.monotonic()
     with mock_fleet(settings, time_scale=time_scale), gateway_process(settings) as url:
         results = asyncio.run(replay(reqs, url=url, model=settings.served_models()[0], speedup=speedup / time_scale,
@@ -143,99 +203,4 @@ def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rat
     report = build_report(settings, results, backend_metrics, gateway_metrics, time_scale)
     report["kappa_crit_measured"] = measured
     report["wall_s"] = round(time.monotonic() - started, 1)
-    report["workload"] = str(trace) if trace else f"built-in Mooncake-like generator, {rate_rps:g} req/s, seed {seed}"
     return report
-
-
-def build_report(settings: Settings, results: Sequence[RequestResult], backend_metrics: dict[str, dict[str, float]],
-                 gateway_metrics: dict[str, float], time_scale: float) -> dict[str, Any]:
-    """``{"requests", "errors", "backends": [{id, hardware, requests, regimes, kappa_ratio_p50, …}], …}``.
-
-    Per backend, κ names as in `router.kappa`: ``kappa_crit_linear`` (the backend's
-    T-independent figure), ``kappa_crit_p50`` (the lower median of its requests' ``x-kappa-crit``;
-    null when that median request is never transfer-bound — ``inf``, which JSON lacks — or no
-    request has one), ``kappa_crit_never_requests`` (requests whose ``x-kappa-crit`` is ``inf``), ``transfer_share``
-    (its requests the gateway labelled ``transfer``: κ_ratio_loaded above their own κ_crit),
-    ``kappa_ratio_p50/p90`` and ``kappa_ratio_loaded_p50/p90``. ``high_kappa_requests`` counts
-    κ_ratio above ``high_kappa_threshold``, one fleet-wide figure (the lowest κ_crit_linear of
-    the compute-dense backends) that classifies the workload for ``placement_by_role``.
-    """
-    catalog = default_catalog()
-    compute_dense = [b for b in settings.backends if b.labels.get("role") == "compute-dense"] or settings.backends
-    high_kappa = min(settings.backend_spec(catalog, b).kappa_crit_linear for b in compute_dense)
-    ok = [r for r in results if r.error is None]
-    large_t = percentile([r.prompt_tokens - r.cached_tokens for r in ok if r.prompt_tokens is not None], 90) or 0
-    backends = [_backend_report(settings, catalog, b, [r for r in ok if r.backend == b.id], backend_metrics.get(b.id, {}),
-                                time_scale, high_kappa, large_t)
-                for b in settings.backends]
-    return {
-        "requests": len(results), "errors": len(results) - len(ok),
-        "error_examples": sorted({r.error for r in results if r.error})[:3],
-        "high_kappa_threshold": high_kappa, "large_t_threshold_tokens": large_t,
-        **_index_report(gateway_metrics),
-        "policy": settings.routing.policy, "time_scale": time_scale, "backends": backends,
-        "placement_by_role": _placement_by_role(backends),
-        "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
-    }
-
-
-def _backend_report(settings: Settings, catalog: Catalog, b: BackendEntry, mine: list[RequestResult],
-                    metrics: dict[str, float], time_scale: float, high_kappa: float, large_t: float) -> dict[str, Any]:
-    """One backend's entry of `build_report`'s ``backends``, from its successful requests ``mine``."""
-    kappas = [r.kappa_ratio for r in mine if r.kappa_ratio is not None]
-    loaded = [r.kappa_ratio_loaded for r in mine if r.kappa_ratio_loaded is not None]
-    crits = [r.kappa_crit for r in mine if r.kappa_crit is not None]
-    transfer = sum(r.regime == "transfer" for r in mine)
-    crit_p50 = statistics.median_low(crits) if crits else None
-    ttfts = [r.ttft_s / time_scale for r in mine if r.ttft_s is not None]
-    prompt = sum(r.prompt_tokens or 0 for r in mine)
-    cached = sum(r.cached_tokens or 0 for r in mine)
-    return {
-        "id": b.id, "hardware": f"{b.hardware} x{b.tensor_parallel}"
-                                + (f" capped {b.power_cap_w:g} W" if b.power_cap_w else ""),
-        "role": b.labels.get("role", ""), "kappa_crit_linear": settings.backend_spec(catalog, b).kappa_crit_linear,
-        "requests": len(mine),
-        "regimes": {"compute": sum(r.regime == "compute" for r in mine), "transfer": transfer},
-        "transfer_share": transfer / len(mine) if mine else None,
-        "kappa_ratio_p50": percentile(kappas, 50), "kappa_ratio_p90": percentile(kappas, 90),
-        "kappa_ratio_loaded_p50": percentile(loaded, 50), "kappa_ratio_loaded_p90": percentile(loaded, 90),
-        "kappa_crit_p50": None if crit_p50 is None or math.isinf(crit_p50) else crit_p50,
-        "kappa_crit_never_requests": sum(math.isinf(c) for c in crits),
-        "high_kappa_requests": sum(k > high_kappa for k in kappas),
-        "large_t_requests": sum((r.prompt_tokens or 0) - (r.cached_tokens or 0) >= large_t for r in mine),
-        "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
-        "prefix_hit_ratio": cached / prompt if prompt else None,
-        "energy_j": metrics.get("mock_vllm:energy_joules_total"),
-        "kv_pool_loaded_bytes": metrics.get("mock_vllm:kv_pool_loaded_bytes_total"),
-    }
-
-
-def _placement_by_role(backends: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per role (or backend id without one): its requests, and the shares of them high in κ and large in T."""
-    placement: dict[str, dict[str, float]] = {}
-    for b in backends:
-        group = placement.setdefault(b["role"] or b["id"], {"requests": 0, "high_kappa": 0, "large_t": 0})
-        group["requests"] += b["requests"]
-        group["high_kappa"] += b["high_kappa_requests"]
-        group["large_t"] += b["large_t_requests"]
-    for group in placement.values():
-        n = max(group["requests"], 1)
-        group["high_kappa_share"] = group.pop("high_kappa") / n
-        group["large_t_share"] = group.pop("large_t") / n
-    return placement
-
-
-def _index_report(gateway_metrics: dict[str, float]) -> dict[str, Any]:
-    """How well the prefix index predicted cached tokens, from the gateway's counters."""
-    estimated = gateway_metrics.get("gateway_cached_tokens_estimated_total", 0.0)
-    reported = gateway_metrics.get("gateway_cached_tokens_reported_total", 0.0)
-    predictions = {outcome: int(gateway_metrics.get(f'gateway_index_predictions_total{{outcome="{outcome}"}}', 0.0))
-                   for outcome in ("within_one_block", "over", "under")}
-    answered = sum(predictions.values())
-    return {
-        "index_cached_tokens_estimated": estimated, "index_cached_tokens_reported": reported,
-        # answers with usage whose predicted K was within one index block of the reported cached_tokens
-        "index_within_one_block_share": predictions["within_one_block"] / answered if answered else None,
-        "index_predictions": predictions,
-        "index_resets": int(gateway_metrics.get("gateway_index_resets_total", 0.0)),
-    }

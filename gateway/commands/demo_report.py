@@ -1,4 +1,9 @@
-"""The demo's human-readable report (a rich table per backend, then where to look next)."""
+"""The demo's human-readable report: a rich table per backend for the κ run, κ beside the baseline,
+notes that reconcile the shares, the run-to-run tolerance, and a legend.
+
+Every column and share is printed with its one definition, `gateway.commands.demo_figures.DEFINITIONS`
+(the JSON's ``definitions``), so the legend cannot drift from the figures.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gateway.commands.demo_figures import DEFINITIONS, SELF_CONSISTENCY
 
-def _f(value: float | None, fmt: str) -> str:
-    return "–" if value is None else format(value, fmt)
+IDLE = "idle"  # a backend that served no request: no per-request figure (DEFINITIONS["idle"])
+LEGEND_KEYS = ("kappa_crit_linear", "transfer_share", "kappa_ratio", "kappa_ratio_loaded", "kappa_crit_p50", "never",
+               "large_t_share", "prefix_hit_ratio", "ttft", "e2e", "itl", "energy_per_request_j", "idle",
+               "high_kappa_share")
+"""The definitions the legend prints, in order (the comparison table adds ``kappa_vs_baseline``; the
+measured κ_crit's line carries its own, `SELF_CONSISTENCY`)."""
+TABLE_WIDTH = 196  # 16 columns, the hardware one wide
+
+
+def _f(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "–" if value is None else format(value * scale, fmt)
 
 
 def _crit_p50(b: dict[str, Any]) -> str:
@@ -18,33 +33,99 @@ def _crit_p50(b: dict[str, Any]) -> str:
     return _f(b["kappa_crit_p50"], ".1f")
 
 
-def _transfer(b: dict[str, Any]) -> str:
-    return f"{b['regimes']['transfer']} ({_f(b['transfer_share'], '.0%')})"
+def _backend_row(b: dict[str, Any]) -> list[str]:
+    head = [b["id"], b["hardware"], f"{b['kappa_crit_linear']:.1f}", str(b["requests"])]
+    if b["requests"] == 0:
+        return head + [IDLE] * 12
+    energy = _f(b["energy_per_request_j"], ",.0f")
+    return head + [
+        f"{b['regimes']['transfer']} ({_f(b['transfer_share'], '.0%')})",
+        _f(b["kappa_ratio_p50"], ".2f"), _f(b["kappa_ratio_p90"], ".1f"), _f(b["kappa_ratio_loaded_p90"], ".1f"),
+        _crit_p50(b), str(b["large_t_requests"]), _f(b["prefix_hit_ratio"], ".0%"), _f(b["ttft_p50_s"], ".3f"),
+        _f(b["ttft_p90_s"], ".3f"), _f(b["e2e_p90_s"], ".2f"), _f(b["itl_p50_s"], ".1f", 1e3), energy]
 
 
-def print_report(report: dict[str, Any], console: Console) -> None:
-    """Print `gateway.commands.demo.build_report`'s dict for a person."""
+def _backend_table(report: dict[str, Any]) -> Table:
     title = (f"kappa-gateway demo: {report['requests']} requests, {report['errors']} errors, policy "
              f"{report['policy']}, {report['wall_s']} s of wall time")
     table = Table(title=title, caption=report["workload"])
-    for col in ("backend", "hardware", "κ_crit_lin", "reqs", "transfer", "κ p50", "κ p90", "κ_load p90",
-                "κ_crit p50", f"T≥{report['large_t_threshold_tokens'] / 1e3:.1f}k", "hit", "TTFT p50", "TTFT p90", "kJ"):
+    large_t = f"T≥{report['large_t_threshold_tokens'] / 1e3:.1f}k"
+    for col in ("backend", "hardware", "κ_crit_lin", "reqs", "transfer", "κ p50", "κ p90", "κ_load p90", "κ_crit p50",
+                large_t, "hit", "TTFT p50", "TTFT p90", "E2E p90", "ITL p50 ms", "J/req"):
         table.add_column(col, justify="left" if col in ("backend", "hardware") else "right", no_wrap=True)
     for b in report["backends"]:
-        energy = None if b["energy_j"] is None else b["energy_j"] / 1e3
-        table.add_row(
-            b["id"], b["hardware"], f"{b['kappa_crit_linear']:.1f}", str(b["requests"]), _transfer(b),
-            _f(b["kappa_ratio_p50"], ".2f"), _f(b["kappa_ratio_p90"], ".1f"), _f(b["kappa_ratio_loaded_p90"], ".1f"),
-            _crit_p50(b), str(b["large_t_requests"]),
-            _f(b["prefix_hit_ratio"], ".0%"), _f(b["ttft_p50_s"], ".3f"), _f(b["ttft_p90_s"], ".3f"), _f(energy, ".1f"))
-    console = Console(width=max(console.width, 176))  # 14 columns, the hardware one wide
-    console.print(table)
+        table.add_row(*_backend_row(b))
+    return table
+
+
+COMPARED = (("TTFT p50 (s)", "ttft_p50_s", ".3f", 1.0, "ttft_p50"), ("TTFT p90 (s)", "ttft_p90_s", ".3f", 1.0, "ttft_p90"),
+            ("E2E p90 (s)", "e2e_p90_s", ".2f", 1.0, "e2e_p90"), ("ITL p50 (ms)", "itl_p50_s", ".1f", 1e3, "itl_p50"),
+            ("hit ratio", "prefix_hit_ratio", ".1%", 1.0, "prefix_hit_ratio"),
+            ("transfer share", "transfer_share", ".1%", 1.0, "transfer_share"),
+            ("J/request", "energy_per_request_j", ",.0f", 1.0, "energy_per_request"))
+"""The comparison table's rows: label, `run_figures` key, format, scale, `kappa_vs_baseline` key."""
+
+
+def _comparison_table(report: dict[str, Any]) -> Table:
+    base = report["baseline"]
+    mine, theirs, ratios = report["figures"], base["figures"], report["kappa_vs_baseline"]
+    table = Table(title=f"{report['policy']} beside {base['policy']}: the same {report['requests']} requests, "
+                        f"each run on a fresh fleet ({report['wall_s']} s and {base['wall_s']} s of wall time)")
+    for col in ("figure", report["policy"], base["policy"], f"{report['policy']}/{base['policy']}"):
+        table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
+    for label, key, fmt, scale, ratio in COMPARED:
+        table.add_row(label, _f(mine[key], fmt, scale), _f(theirs[key], fmt, scale), _f(ratios[ratio], ".2f"))
+    table.add_row("errors", str(mine["errors"]), str(theirs["errors"]), "")
+
+    def split(figures: dict[str, Any]) -> str:
+        return " / ".join(str(n) for n in figures["backend_requests"].values())
+
+    table.add_row("requests per backend", split(mine), split(theirs), "")
+    table.add_row("  (" + " / ".join(mine["backend_requests"]) + ")", "", "", "")
+    return table
+
+
+def tolerance_line(tolerance: dict[str, float]) -> str:
+    """The repeat tolerance in words, and the bands of κ/baseline ratios it makes noise."""
+    def band(relative: float) -> str:
+        return f"{1 / (1 + relative):.2f}–{1 + relative:.2f}"
+
+    latency = max(tolerance["ttft_p90_relative"], tolerance["e2e_p90_relative"])
+    size = (f"{tolerance['min_requests']:g} requests or more" if tolerance["max_requests"] is None
+            else f"{tolerance['min_requests']:g}–{tolerance['max_requests']:g} requests")
+    return (f"Run-to-run noise ({size}): two runs of one policy with one seed, each on a fresh fleet, serve each "
+            f"backend within "
+            f"{tolerance['backend_share']:.0%} of the requests + {tolerance['backend_slack_requests']:g}, with TTFT p90 "
+            f"within {tolerance['ttft_p90_relative']:.0%} (the larger over the smaller), E2E p90 within "
+            f"{tolerance['e2e_p90_relative']:.0%} and J/request within {tolerance['energy_per_request_relative']:.0%} "
+            f"(repeat_tolerance, measured: live timing, the mocks step "
+            f"on the wall clock). So a κ/baseline ratio of TTFT p90 or E2E p90 in {band(latency)}, or of J/request in "
+            f"{band(tolerance['energy_per_request_relative'])}, is noise, not a difference; TTFT p50 and ITL spread "
+            f"more and are not bounded.")
+
+
+def _reconciliation(report: dict[str, Any]) -> str:
+    """Per backend, its high-κ requests beside its transfer-bound ones: the two shares reconciled."""
+    parts = []
+    for b in report["backends"]:
+        if b["requests"] == 0:
+            parts.append(f"{b['id']} {IDLE}")
+            continue
+        n, high, transfer = b["requests"], b["high_kappa_requests"], b["regimes"]["transfer"]
+        parts.append(f"{b['id']} {high} of {n} high-κ ({high / n:.0%}), {transfer} transfer-bound ({transfer / n:.0%}; "
+                     f"{b['high_kappa_transfer_requests']} of them high-κ)")
+    return (f"High-κ (κ_ratio > {report['high_kappa_threshold']:.1f}) beside transfer-bound, per backend: "
+            + "; ".join(parts) + ". A high-κ request that is not transfer-bound read its K in place from HBM, or its "
+            "own κ_crit there is higher than its κ_ratio_loaded.")
+
+
+def _notes(report: dict[str, Any], console: Console) -> None:
     roles = report.get("placement_by_role", {})
     if roles:
-        console.print("Placement by role — share of each role's requests that are high-κ (κ_ratio > "
-                      f"{report['high_kappa_threshold']:.1f}, the compute-dense backends' κ_crit_linear) / large-T: "
-                      + "; ".join(
-                          f"{role} {g['high_kappa_share']:.0%} / {g['large_t_share']:.0%}" for role, g in roles.items()))
+        console.print("Placement by role — high-κ share / large-T share of each role's requests: " + "; ".join(
+            f"{role} {_f(g['high_kappa_share'], '.0%')} / {_f(g['large_t_share'], '.0%')}" if g["requests"]
+            else f"{role} {IDLE}" for role, g in roles.items()) + ".")
+        console.print(_reconciliation(report))
     if report.get("kv_pool_gb"):
         loads = {b["id"]: b.get("kv_pool_loaded_bytes") or 0.0 for b in report["backends"]}
         console.print(f"Shared KV pool ({report['kv_pool_gb']:g} GB): prefixes loaded from it — " + ", ".join(
@@ -55,7 +136,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                       "95% interval — " + "; ".join(
                           f"{bid} {m['value']:.3g} [{m['ci'][0]:.3g}, {m['ci'][1]:.3g}] from {m['load_requests']} "
                           "load-bound requests" if m["value"] is not None and m["ci"] and m["ci"][1] is not None
-                          else f"{bid} not yet (too few load-bound requests)" for bid, m in measured.items()) + ".")
+                          else f"{bid} not yet (too few load-bound requests)" for bid, m in measured.items())
+                      + ". " + SELF_CONSISTENCY)
     est, rep = report["index_cached_tokens_estimated"], report["index_cached_tokens_reported"]
     if rep:
         console.print(f"Prefix index: estimated {est:,.0f} cached tokens where backends reported {rep:,.0f} "
@@ -65,16 +147,26 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         console.print(f"Prefix index: predicted K within one block of the reported cached tokens on {share:.1%} of "
                       f"{sum(predictions.values())} answers (over: {predictions['over']}, under: "
                       f"{predictions['under']}); {report.get('index_resets', 0)} index resets.")
-    for example in report["error_examples"]:
-        console.print(f"[red]error:[/red] {example}")
+    for run in (report, report.get("baseline") or {}):
+        for example in run.get("error_examples", ()):
+            console.print(f"[red]error ({run['policy']}):[/red] {example}")
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    """Print `gateway.commands.demo.run_demo`'s dict (or one run's, `build_report`'s, with ``wall_s``
+    and ``workload``) for a person."""
+    if console.width < TABLE_WIDTH:  # a narrow terminal: wider lines wrap, the table's columns keep their figures
+        console = Console(width=TABLE_WIDTH, file=console.file)
+    console.print(_backend_table(report))
+    _notes(report, console)
+    keys = list(LEGEND_KEYS)
+    if report.get("baseline"):
+        console.print(_comparison_table(report))
+        keys.append("kappa_vs_baseline")
+    if report.get("repeat_tolerance"):
+        console.print(tolerance_line(report["repeat_tolerance"]))
+    console.print("Legend (the JSON's definitions):\n" + "\n".join(f"  {DEFINITIONS[key]}" for key in keys))
     console.print(
-        "Columns: κ_crit_lin = the backend's κ_crit_linear (κ_M·κ_HW, host link, T-independent); transfer = its "
-        "requests the gateway routed transfer-bound (x-kappa-regime: κ_ratio_loaded above the request's own κ_crit "
-        "there); κ = κ_ratio, K/T over every cached token; κ_load = κ_ratio_loaded, K_loaded/T over the host-tier "
-        "and KV-pool tokens; κ_crit p50 = the median of its requests' x-kappa-crit (at their T, over the link "
-        "their loads crossed); T≥y = the largest 10% of prefills (new tokens); hit = cached / prompt tokens as the "
-        "backends reported; TTFT p50/p90 in modelled seconds; kJ = the backend's energy over the run (idle "
-        "included).\n"
         "Next: run it yourself — `kappa-gateway mock-fleet` and `kappa-gateway serve` (config/fleet.local.yaml), "
         "then point any OpenAI client at http://127.0.0.1:8000/v1; watch GET /v1/kappa/backends, "
         "POST /v1/kappa/route (explain a decision) and /metrics; replay a real trace with "

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from rich.console import Console
 
 from fleet_config.catalog import CONFIG_DIR, default_catalog
-from gateway.commands.demo import build_report
+from gateway.commands.demo_figures import DEFINITIONS, SELF_CONSISTENCY, build_report
 from gateway.commands.demo_report import print_report
 from gateway.commands.replay import RequestResult
 from fleet_config.settings import load_settings
@@ -99,3 +100,81 @@ def test_transfer_share_is_each_backends_own_regime_not_one_kappa_threshold(caps
     rows = {line.split()[1]: line for line in text.splitlines() if line.split()[1:2] and line.split()[1] in by_id}
     assert "1 (100%)" in rows["b200-a"] and "0 (0%)" in rows["gh200"] and "290.3" in rows["gh200"]
     assert "never" in rows["b200-b"] and "200.0" in rows["gh200"]
+
+
+# --- issue 27, item 5: a report an operator can reconcile -----------------------------------------
+
+def routed(i: int, backend: str, ratio: float, loaded: float, crit: float, regime: str) -> RequestResult:
+    return RequestResult(index=i, arrival_s=0.0, sent_s=0.0, status=200, ttft_s=0.1, e2e_s=2.0, itl_s=0.02,
+                         prompt_tokens=9_000, cached_tokens=8_000, backend=backend, kappa_ratio=ratio,
+                         kappa_ratio_loaded=loaded, kappa_crit=crit, regime=regime)
+
+
+def printed(report: dict, capsys: pytest.CaptureFixture[str], *, lines: bool = False) -> str | list[str]:
+    """The printed report: its words joined by single spaces, or (``lines``) its lines with the table
+    borders dropped."""
+    report.setdefault("wall_s", 1.0)
+    report.setdefault("workload", "hand-made")
+    print_report(report, Console(width=300))
+    out = capsys.readouterr().out
+    return [" ".join(line.replace("│", " ").split()) for line in out.splitlines()] if lines else " ".join(out.split())
+
+
+GH200_MOSTLY_HBM = [  # high-κ everywhere, but K read in place from HBM: three compute-bound, one transfer-bound
+    routed(0, "gh200", 40.0, 0.0, 210.0, "compute"), routed(1, "gh200", 30.0, 1.0, 200.0, "compute"),
+    routed(2, "gh200", 20.0, 0.0, float("inf"), "compute"), routed(3, "gh200", 400.0, 390.0, 250.0, "transfer"),
+    routed(4, "b200-a", 5.0, 5.0, 4.0, "transfer"), routed(5, "b200-b", 0.5, 0.0, float("inf"), "compute")]
+
+
+def test_high_kappa_and_transfer_shares_are_defined_once_and_reconciled(capsys: pytest.CaptureFixture[str]) -> None:
+    """GH200 read 4% transfer beside 29% high-κ and nothing said why. Each share is now printed with
+    its one definition (the JSON's), exactly once, and per backend the high-κ requests stand beside
+    the transfer-bound ones: 4 high-κ, 1 transfer-bound, 1 of them high-κ; b200-a's transfer-bound
+    request is below the threshold."""
+    report = build_report(SETTINGS, GH200_MOSTLY_HBM, {}, {}, time_scale=1.0)
+    text = printed(report, capsys)
+    for key in ("transfer_share", "high_kappa_share", "large_t_share"):
+        assert text.count(" ".join(DEFINITIONS[key].split())) == 1, key
+    by_id = {b["id"]: b for b in report["backends"]}
+    assert (by_id["gh200"]["high_kappa_requests"], by_id["gh200"]["high_kappa_transfer_requests"]) == (4, 1)
+    assert (by_id["b200-a"]["high_kappa_requests"], by_id["b200-a"]["regimes"]["transfer"]) == (0, 1)
+    assert "gh200 4 of 4 high-κ (100%), 1 transfer-bound (25%; 1 of them high-κ)" in text
+    assert "b200-a 0 of 1 high-κ (0%), 1 transfer-bound (100%; 0 of them high-κ)" in text
+    assert "high-κ share / large-T share" in text and "high-κ (κ_ratio > 6.4" not in text.split("Legend")[0].split(
+        "Placement by role")[1].split(".")[0]
+
+
+def test_never_is_defined_in_the_legend(capsys: pytest.CaptureFixture[str]) -> None:
+    report = build_report(SETTINGS, GH200_MOSTLY_HBM, {}, {}, time_scale=1.0)
+    text = printed(report, capsys)
+    assert "never" in text.split("Placement by role")[0]  # b200-b's median request: x-kappa-crit inf
+    assert " ".join(DEFINITIONS["never"].split()) in text and DEFINITIONS["never"].startswith("never = x-kappa-crit is inf")
+
+
+def test_the_measured_kappa_crit_is_called_a_self_consistency_check_on_mocks(capsys: pytest.CaptureFixture[str]) -> None:
+    report = build_report(SETTINGS, GH200_MOSTLY_HBM, {}, {}, time_scale=1.0)
+    report["kappa_crit_measured"] = {"gh200": {"value": 290.0, "ci": [288.0, 292.0], "load_requests": 4}}
+    text = printed(report, capsys)
+    line = text.split("Measured κ_crit")[1].split("Legend")[0]
+    assert "gh200 290 [288, 292] from 4 load-bound requests" in line
+    assert " ".join(SELF_CONSISTENCY.split()) in line and "self-consistency check" in SELF_CONSISTENCY
+
+
+def test_an_idle_backend_reads_idle_never_nan_or_inf(capsys: pytest.CaptureFixture[str]) -> None:
+    """h100-capped served nothing: its J/request and per-request figures are idle (null in JSON), not
+    0, NaN or ∞, while its energy (idle draw) is still reported."""
+    energy = {b.id: {"mock_vllm:energy_joules_total": 9_000.0} for b in SETTINGS.backends}
+    report = build_report(SETTINGS, GH200_MOSTLY_HBM, energy, {}, time_scale=1.0)
+    idle = next(b for b in report["backends"] if b["id"] == "h100-capped")
+    assert idle["idle"] and idle["requests"] == 0 and idle["energy_j"] == 9_000.0
+    assert all(idle[k] is None for k in ("energy_per_request_j", "transfer_share", "ttft_p90_s", "prefix_hit_ratio"))
+    assert report["placement_by_role"]["power-capped"]["high_kappa_share"] is None
+    gh200 = next(b for b in report["backends"] if b["id"] == "gh200")
+    assert gh200["energy_per_request_j"] == 2_250.0 and not gh200["idle"]
+    json.dumps(report, allow_nan=False)
+    lines = printed(report, capsys, lines=True)
+    row = next(line for line in lines if line.startswith("h100-capped"))
+    assert row.split()[-12:] == ["idle"] * 12, row
+    text = " ".join(lines)
+    assert "power-capped idle" in text and "h100-capped idle" in text
+    assert not re.search(r"\b(nan|inf|infinity)\b", text.split("Legend")[0], re.IGNORECASE)
