@@ -130,7 +130,7 @@ async def test_a_write_of_the_changed_figures_keeps_the_lease(server) -> None:
         while not await admin.exists(key):
             assert time.monotonic() < deadline, "A's change was not written"
             await asyncio.sleep(0.01)  # polling Redis for A's write
-        assert await admin.hgetall(key) == {b"b2": b"1 0 0.000000"}
+        assert await admin.hgetall(key) == {b"b2": b"1 0 0.000000 0 0"}  # pack_figures: five figures
         assert 0 < await admin.pttl(key) <= a.lease_ms
         await a.sync()  # the periodic exchange writes every backend again
         assert set(await admin.hkeys(key)) == {x.encode() for x in BACKENDS}
