@@ -115,9 +115,13 @@ def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bo
     requests = build_workload(name, n, seed)
     span_s = requests[-1].arrival_s - requests[0].arrival_s if len(requests) > 1 else 0.0
     base_rps = (len(requests) - 1) / span_s if span_s > 0 else None
-    labels = [label for _ in fleets for _ in plan.rate_scales for label in RUNS]
-    jobs = [SimJob(fleet, VARIANTS.get(label, (label, {}))[0], scale, VARIANTS.get(label, (label, {}))[1])
-            for fleet in fleets for scale in plan.rate_scales for label in RUNS]
+    labels, jobs = [], []
+    for fleet in fleets:
+        for scale in plan.rate_scales:
+            for label in RUNS:
+                policy, params = VARIANTS.get(label, (label, {}))
+                labels.append(label)
+                jobs.append(SimJob(fleet, policy, scale, params))
     results = run_jobs(requests, fleets, jobs, seed=seed, workers=workers)
     bounds = {f: lower_bound_ttfts(requests, fleets[f].backends) for f in fleets}
     rows: dict[tuple[str, float], dict[str, Any]] = {}

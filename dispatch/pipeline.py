@@ -47,6 +47,7 @@ from prefix_index import (
 from router import kappa
 from router.calibration import BytesPerToken
 from router.decide import decide
+from router.decode import decode_context_tokens
 from router.policies import Policy
 from router.types import BackendView, Candidate, Decision, RequestFeatures
 
@@ -257,11 +258,10 @@ class Dispatcher:
         model, hashes = plan.request.model, plan.request.hashes
         self.pending.add(model, target.id, hashes)
         features = plan.features
-        output = max(features.max_tokens, 1)
         return Ticket(target.ledger, est.kv_demand_bytes, est.prefill_s,
                       on_finish=lambda: self.pending.remove(model, target.id, hashes),
-                      context_tokens=features.sequences * (features.prompt_tokens + output / 2.0),
-                      output_tokens=float(features.sequences * output))
+                      context_tokens=decode_context_tokens(features),
+                      output_tokens=float(features.sequences * max(features.max_tokens, 1)))
 
     def records_anything(self, hashes: Sequence[int], holders: Literal["both", "backend", "kv_pool"] = "both") -> bool:
         """Whether `record` with these arguments would tell the index anything (a chain, and for

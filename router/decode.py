@@ -61,6 +61,13 @@ class DecodeEstimate(NamedTuple):
     batch_requests: int
 
 
+def decode_context_tokens(features: RequestFeatures) -> float:
+    """The context a request's decode steps read, on average over its decode: sequences · (prompt +
+    max_tokens / 2), tokens. The one definition: the ledger charges it (`dispatch.Dispatcher.charge`)
+    and `estimate_decode` adds it to the batch."""
+    return max(features.sequences, 1) * (max(features.prompt_tokens, 1) + max(features.max_tokens, 1) / 2.0)
+
+
 def decode_step_s(spec: BackendSpec, sequences: float, context_tokens: float) -> float:
     """One decode step of ``sequences`` sequences holding ``context_tokens`` tokens of context in
     all, on ``spec``: the roofline of the module docstring, seconds (0 for an empty batch)."""
@@ -83,7 +90,7 @@ def estimate_decode(features: RequestFeatures, estimate: CostEstimate, view: Bac
     """
     output = max(features.max_tokens, 1)
     sequences = max(features.sequences, 1)
-    own_context = sequences * (max(features.prompt_tokens, 1) + output / 2.0)
+    own_context = decode_context_tokens(features)
     batch = view.in_flight
     context = view.context_tokens
     if view.foreign_requests:  # requests the ledger does not see (another gateway, direct clients)
