@@ -42,6 +42,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
+from fleet_config.interconnect import InterconnectSection, KvRole
 from fleet_config.sections import (
     IndexSection,
     KvPoolSection,
@@ -55,6 +56,7 @@ from fleet_config.outlier import (
     OutlierDetectionSection,
 )
 from router.cost import BackendSpec, kv_pool_link_gb_s
+from router.links import NO_INTERCONNECT, Interconnect
 from router.policies import POLICY_NAMES
 from router.profiles import Catalog, ModelProfile
 
@@ -161,6 +163,9 @@ class BackendEntry(StrictSection):
     # vLLM --num-gpu-blocks-override (16-token blocks): a KV cache smaller than HBM allows.
     num_gpu_blocks_override: int | None = Field(default=None, ge=1)
     labels: dict[str, str] = Field(default_factory=dict)
+    # P/D (`fleet_config.interconnect`): its role, and the node it shares NVLink with others on.
+    kv_role: KvRole = "both"
+    node: str | None = Field(default=None, min_length=1)
 
     @field_validator("url")
     @classmethod
@@ -186,6 +191,7 @@ class Settings(StrictSection):
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     kv_pool: KvPoolSection | None = None
     outlier_detection: OutlierDetectionSection = Field(default_factory=OutlierDetectionSection)
+    interconnect: InterconnectSection | None = None
     backends: list[BackendEntry] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -194,6 +200,17 @@ class Settings(StrictSection):
             if b.kv_pool_link_gb_s is not None and self.kv_pool is None:
                 raise ValueError(f"backends[{i}].kv_pool_link_gb_s is set but there is no kv_pool section")
         return self
+
+    def interconnect_table(self) -> Interconnect:
+        """The router's link table (`router.links.Interconnect`; empty without an ``interconnect:``)."""
+        if self.interconnect is None:
+            return NO_INTERCONNECT
+        return self.interconnect.table({b.id: b.node for b in self.backends if b.node is not None})
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether requests may be split (P/D): some backend prefills for others and a link exists."""
+        return self.interconnect is not None and any(b.kv_role != "both" for b in self.backends)
 
     def model_profile(self, catalog: Catalog, served_name: str) -> ModelProfile:
         """The catalog profile behind a served model name."""
@@ -304,6 +321,27 @@ def _check_against_catalog(settings: Settings, catalog: Catalog) -> None:
             settings.backend_spec(catalog, backend)
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
+    _check_interconnect(settings, seen_ids)
+
+
+def _check_interconnect(settings: Settings, ids: set[str]) -> None:
+    """P/D: every link names known backends; every ``prefill`` backend has a decoder of its model to
+    link to (else nothing it prefills could be decoded)."""
+    section = settings.interconnect
+    if section is not None:
+        for i, entry in enumerate(section.links):
+            for name in entry.between:
+                if name not in ids:
+                    raise ConfigError(f"interconnect.links[{i}].between: unknown backend id {name!r}")
+    table = settings.interconnect_table()
+    for i, backend in enumerate(settings.backends):
+        if backend.kv_role != "prefill":
+            continue
+        decoders = [d.id for d in settings.backends
+                    if d.kv_role != "prefill" and d.model == backend.model and table.link(backend.id, d.id)]
+        if not decoders:
+            raise ConfigError(f"backends[{i}].kv_role: {backend.id!r} prefills, but no backend that decodes "
+                              f"{backend.model!r} has a link from it (add an interconnect: section, or a link)")
 
 
 def load_settings(path: Path, catalog: Catalog, env: Mapping[str, str] | None = None) -> Settings:

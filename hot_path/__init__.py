@@ -54,6 +54,7 @@ MYPYC_MODULES = (
     "router/types.py",
     "router/candidates.py",
     "router/decode.py",
+    "router/pd.py",
     "router/decide.py",
     "router/calibration.py",
     "router/policies/base.py",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from router.cost import BackendSpec, CostEstimate
+from router.links import Interconnect, Link
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,22 +109,74 @@ class Candidate(NamedTuple):
         return self.cached_hbm_tokens + self.cached_host_tokens + self.cached_kv_pool_tokens
 
 
+class PrefillLeg(NamedTuple):
+    """The prefill half of a split request (P/D): prefilled on one backend, its KV moved to the
+    decode backend (`Decision.ranked[0]`) over the link between them (`router.links`).
+
+    Attributes:
+        candidate: the request on the prefill backend (its cache there, its queue, its prefill).
+        transfer_tokens: prompt tokens whose KV crosses the link, P − K_d (the decode backend
+            pulls only the blocks it lacks), ≥ 0.
+        transfer_s: predicted seconds of that transfer (`router.links.Link.transfer_s`).
+        link: the link it crosses.
+    """
+
+    candidate: Candidate
+    transfer_tokens: int
+    transfer_s: float
+    link: Link
+
+
+@dataclass(frozen=True, slots=True)
+class PdFleet:
+    """What a disaggregated (P/D) decision needs beyond the views: roles and usable links.
+
+    Attributes:
+        roles: backend id → ``prefill`` | ``decode`` | ``both`` (absent: ``both``).
+        interconnect: the configured links (`router.links.Interconnect`).
+        unusable: (prefill id, decode id) pairs whose link the gateway found degraded or
+            broken: never split over them.
+    """
+
+    roles: dict[str, str]
+    interconnect: Interconnect
+    unusable: frozenset[tuple[str, str]] = frozenset()
+
+    def role(self, backend_id: str) -> str:
+        return self.roles.get(backend_id, "both")
+
+    def usable_link(self, prefill_id: str, decode_id: str) -> Link | None:
+        """The link a split from ``prefill_id`` to ``decode_id`` would cross, if it may be used."""
+        if (prefill_id, decode_id) in self.unusable:
+            return None
+        return self.interconnect.link(prefill_id, decode_id)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The policy's choice and its fallbacks.
 
     ``ranked`` lists every candidate best first: ``ranked[0]`` is the choice, the rest are
-    where a retry goes (a connect error or 5xx before the first byte).
+    where a retry goes (a connect error or 5xx before the first byte). With ``prefill`` set the
+    request is split (P/D): prefilled on ``prefill.candidate``'s backend, decoded on
+    ``ranked[0]``'s; the rest of ``ranked`` are aggregated fallbacks (a decode backend prefills
+    locally when it gets no ``kv_transfer_params``).
     """
 
     policy: str
     ranked: tuple[Candidate, ...]
     reason: str
+    prefill: PrefillLeg | None = None
 
     def __reduce__(self) -> tuple[type[Decision], tuple[object, ...]]:
         """Pickled as its fields (see `RequestFeatures.__reduce__`)."""
-        return (Decision, (self.policy, self.ranked, self.reason))
+        return (Decision, (self.policy, self.ranked, self.reason, self.prefill))
 
     @property
     def chosen(self) -> Candidate:
         return self.ranked[0]
+
+    @property
+    def split(self) -> bool:
+        """Whether the request is disaggregated (prefill elsewhere than its decode)."""
+        return self.prefill is not None

@@ -6,7 +6,8 @@ Each module follows one shape (`router.policies.base`): a kebab-case ``name``, a
 
 | name | module | category |
 | --- | --- | --- |
-| ``kappa`` (default) | `router.policies.kappa` | cost: least predicted TTFT, memory-aware |
+| ``kappa`` (default) | `router.policies.kappa` | cost: least predicted E2E + what it costs others, memory-aware; splits P/D when it pays |
+| ``kappa-aggregated`` | `router.policies.kappa` | cost: ``kappa`` that never splits a request (P/D fleets) |
 | ``round-robin`` | `router.policies.round_robin` | distribution |
 | ``least-loaded`` | `router.policies.least_loaded` | distribution |
 | ``prefix-affinity`` | `router.policies.prefix_affinity` | affinity (SGLang cache_aware) |
@@ -20,14 +21,14 @@ from types import MappingProxyType
 from typing import Any
 
 from router.policies.base import CATEGORIES, Policy, PolicyConfigError
-from router.policies.kappa import KappaPolicy
+from router.policies.kappa import KappaAggregatedPolicy, KappaPolicy
 from router.policies.least_loaded import LeastLoadedPolicy
 from router.policies.prefix_affinity import PrefixAffinityPolicy
 from router.policies.round_robin import RoundRobinPolicy
 from router.policies.weighted import WeightedPolicy
 
 POLICY_CLASSES: tuple[type[Policy], ...] = (
-    KappaPolicy, RoundRobinPolicy, LeastLoadedPolicy, PrefixAffinityPolicy, WeightedPolicy)
+    KappaPolicy, KappaAggregatedPolicy, RoundRobinPolicy, LeastLoadedPolicy, PrefixAffinityPolicy, WeightedPolicy)
 POLICY_TYPES: Mapping[str, type[Policy]] = MappingProxyType({cls.name: cls for cls in POLICY_CLASSES})
 POLICY_NAMES = tuple(POLICY_TYPES)
 

@@ -52,8 +52,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from router.decode import DecodeEstimate, estimate_decode
+from router.pd import SplitEstimate, price_split
 from router.policies.base import params_reduce, parse_params, require
-from router.types import BackendView, Candidate, Decision, RequestFeatures
+from router.types import BackendView, Candidate, Decision, PdFleet, RequestFeatures
 
 NAME = "kappa"
 
@@ -126,6 +127,7 @@ class KappaParams:
 class KappaPolicy:
     name: ClassVar[str] = NAME
     category: ClassVar[str] = "cost"
+    disaggregates: ClassVar[bool] = True  # on a P/D fleet `router.decide` asks `decide_pd`
 
     def __init__(self, params: KappaParams = KappaParams()) -> None:
         self.params = params
@@ -161,6 +163,12 @@ class KappaPolicy:
             for c in candidates:
                 groups[(0 if c.admitted else 2) + (0 if c.estimate.ttft_s <= slo else 1)].append(c)
             ranked = tuple(c for group in groups for c in self._rank(group, scores, rng))
+        return self._decision(ranked, decodes)
+
+    def _decision(self, ranked: tuple[Candidate, ...], decodes: dict[str, DecodeEstimate]) -> Decision:
+        """The decision for an aggregated ranking, with its reason."""
+        p = self.params
+        slo = p.ttft_slo_s
         best = ranked[0]
         est = best.estimate
         reason = f"least predicted TTFT {est.ttft_s:.4f}s"
@@ -183,3 +191,63 @@ class KappaPolicy:
         tied = [c for c in by_score if scores[c.backend_id] <= band]
         tied.sort(key=lambda c: (c.estimate.energy_j, scores[c.backend_id]))
         return tuple(tied) + tuple(by_score[len(tied):])
+
+    def decide_pd(self, features: RequestFeatures, candidates: Sequence[Candidate], views: Sequence[BackendView],
+                  pd: PdFleet, rng: random.Random) -> Decision:
+        """On a P/D fleet: the best of every aggregated placement (on a backend that decodes) and
+        every split (prefill on p, decode on d, over a usable link), each priced by `router.pd` with
+        this policy's weights; admitted placements first (KV fits on d, and on p for a split).
+
+        Returns: a `Decision` whose ``prefill`` is set when the split wins; ``ranked`` orders the
+        aggregated placements (the split's d first), the fallbacks of a failed attempt.
+        """
+        p = self.params
+        decoders = [(c, v) for c, v in zip(candidates, views) if pd.role(c.backend_id) != "prefill"]
+        if not decoders:
+            decoders = list(zip(candidates, views))
+        decodes = {c.backend_id: estimate_decode(features, c.estimate, v) for c, v in decoders}
+        agg = {c.backend_id: self.score(c, decodes[c.backend_id]) for c, _ in decoders}
+        best_split: SplitEstimate | None = None
+        best_split_score = 0.0
+        for pc, pv in zip(candidates, views):
+            role = pd.role(pc.backend_id)
+            if role == "decode" or not pc.admitted:
+                continue
+            # Requests decoding on p, which its prefill stalls: none on a prefill-only backend.
+            stalled = 0 if role == "prefill" else pv.in_flight + pv.foreign_requests
+            for dc, dv in decoders:
+                link = pd.usable_link(pc.backend_id, dc.backend_id)
+                if link is None or not dc.admitted:
+                    continue
+                split = price_split(features, pc, stalled, dc, dv.spec, decodes[dc.backend_id], link)
+                score = (p.ttft_weight * split.ttft_s + p.decode_weight * split.decode_s
+                         + p.work_weight * split.work_s + p.interference_weight * split.interference_s)
+                if best_split is None or score < best_split_score:
+                    best_split, best_split_score = split, score
+        ranked_agg = (self._rank([c for c, _ in decoders if c.admitted], agg, rng)
+                      + self._rank([c for c, _ in decoders if not c.admitted], agg, rng))
+        best = ranked_agg[0]
+        if best_split is not None and (best_split_score < agg[best.backend_id] or not best.admitted):
+            leg = best_split.leg
+            chosen = next(c for c in ranked_agg if c.backend_id == best_split.decode_id)
+            p_est = leg.candidate.estimate
+            reason = (f"split: prefill on {leg.candidate.backend_id} (TTFT {p_est.ttft_s:.4f}s, prefill "
+                      f"{p_est.prefill_s:.4f}s {p_est.regime.value}-bound), {leg.transfer_tokens} tokens of KV to "
+                      f"{chosen.backend_id} over {leg.link.kind.value} in {leg.transfer_s:.4f}s: predicted TTFT "
+                      f"{best_split.ttft_s:.4f}s, E2E {best_split.e2e_s:.4f}s; score {best_split_score:.4f} against "
+                      f"{agg[best.backend_id]:.4f} aggregated on {best.backend_id}")
+            return Decision(self.name, (chosen,) + tuple(c for c in ranked_agg if c is not chosen), reason, leg)
+        decision = self._decision(ranked_agg, decodes)
+        if best_split is None:
+            return decision
+        return Decision(self.name, decision.ranked, decision.reason + f"; aggregated: the best split scored "
+                        f"{best_split_score:.4f} against {agg[best.backend_id]:.4f}")
+
+
+class KappaAggregatedPolicy(KappaPolicy):
+    """``kappa-aggregated``: the ``kappa`` policy that never splits a request. On a P/D fleet it
+    places each request whole on a backend that decodes (the baseline `kappa`'s splits must beat);
+    elsewhere it is ``kappa``. Parameters: `KappaParams`."""
+
+    name: ClassVar[str] = "kappa-aggregated"
+    disaggregates: ClassVar[bool] = False
