@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
 from dispatch.ledger import Ticket
+from dispatch.split import charge_split
 from dispatch.target import Target
 from prefix_index import (
     NO_MATCH,
@@ -49,7 +50,7 @@ from router.calibration import BytesPerToken
 from router.decide import decide
 from router.decode import decode_context_tokens
 from router.policies import Policy
-from router.types import BackendView, Candidate, Decision, RequestFeatures
+from router.types import BackendView, Candidate, Decision, PdFleet, RequestFeatures
 
 __all__ = ["DispatchHooks", "Dispatcher", "Plan", "RoutableRequest"]
 
@@ -154,6 +155,9 @@ class Dispatcher:
         self.peer_read_due: Callable[[], bool] = _always
         self.evidence = CachedTokensEvidence()  # answers' cached_tokens against the index's credit
         self.forget_epoch = 0  # forgets so far (backends and pool)
+        # On a P/D fleet: the backends' roles and the links usable for splits (the owner replaces it
+        # when a link's health changes); ``None``: an aggregated fleet, decided as ever.
+        self.pd: PdFleet | None = None
         self._capacities: dict[tuple[str, str], tuple[tuple[float, float], TierCapacity]] = {}
 
     # -- capacities ----------------------------------------------------------------------
@@ -218,12 +222,12 @@ class Dispatcher:
         if dry_run:
             rng = random.Random()
             rng.setstate(self.rng.getstate())
-            decision = decide(copy.deepcopy(self.policy), features, views, rng)
+            decision = decide(copy.deepcopy(self.policy), features, views, rng, self.pd)
         elif self.hooks is None:
-            decision = decide(self.policy, features, views, self.rng)
+            decision = decide(self.policy, features, views, self.rng, self.pd)
         else:
             start = self.clock()
-            decision = decide(self.policy, features, views, self.rng)
+            decision = decide(self.policy, features, views, self.rng, self.pd)
             self.hooks.decided(self.clock() - start)
         return Plan(request, features, views, decision, {t.id: t for t in targets}, index_ok, self.forget_epoch)
 
@@ -262,6 +266,10 @@ class Dispatcher:
                       on_finish=lambda: self.pending.remove(model, target.id, hashes),
                       context_tokens=decode_context_tokens(features),
                       output_tokens=float(features.sequences * max(features.max_tokens, 1)))
+
+    def charge_split(self, plan: Plan) -> tuple[Ticket, Ticket]:
+        """Charge a split decision to both its backends (`dispatch.split.charge_split`)."""
+        return charge_split(self.pending, plan)
 
     def records_anything(self, hashes: Sequence[int], holders: Literal["both", "backend", "kv_pool"] = "both") -> bool:
         """Whether `record` with these arguments would tell the index anything (a chain, and for
