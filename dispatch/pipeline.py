@@ -185,8 +185,13 @@ class Dispatcher:
         return kv_pool_capacity(self.kv_pool_bytes, self.tokens_per_block(model) * kappa.b_kv_bytes(target.spec.model))
 
     # -- deciding ------------------------------------------------------------------------
-    async def plan(self, request: RoutableRequest, targets: Sequence[Target], *, dry_run: bool = False) -> Plan:
+    async def plan(self, request: RoutableRequest, targets: Sequence[Target], *, dry_run: bool = False,
+                   split: bool = True) -> Plan:
         """Rank ``targets`` (healthy, serving ``request.model``, non-empty) for ``request``.
+
+        On a P/D fleet (`pd`) the decision may split the request (`router.types.Decision.prefill`)
+        unless ``split`` is False (a client's own ``kv_transfer_params``: the request goes whole
+        to a backend that decodes).
 
         ``dry_run`` (the explain endpoint) decides on copies of the policy and the random
         generator, so explaining a request leaves the next real decision as it would have
@@ -219,15 +224,16 @@ class Dispatcher:
             sequences=request.sequences,
         )
         views = tuple(_view(t, matches.get(t.id, NO_MATCH), capacities[t.id]) for t in targets)
+        pd = self.pd if self.pd is None or split else self.pd.unsplit()
         if dry_run:
             rng = random.Random()
             rng.setstate(self.rng.getstate())
-            decision = decide(copy.deepcopy(self.policy), features, views, rng, self.pd)
+            decision = decide(copy.deepcopy(self.policy), features, views, rng, pd)
         elif self.hooks is None:
-            decision = decide(self.policy, features, views, self.rng, self.pd)
+            decision = decide(self.policy, features, views, self.rng, pd)
         else:
             start = self.clock()
-            decision = decide(self.policy, features, views, self.rng, self.pd)
+            decision = decide(self.policy, features, views, self.rng, pd)
             self.hooks.decided(self.clock() - start)
         return Plan(request, features, views, decision, {t.id: t for t in targets}, index_ok, self.forget_epoch)
 
@@ -269,7 +275,8 @@ class Dispatcher:
 
     def charge_split(self, plan: Plan) -> tuple[Ticket, Ticket]:
         """Charge a split decision to both its backends (`dispatch.split.charge_split`)."""
-        return charge_split(self.pending, plan)
+        return charge_split(self.pending, plan.request.model, plan.request.hashes, plan.features, plan.decision,
+                            plan.targets)
 
     def records_anything(self, hashes: Sequence[int], holders: Literal["both", "backend", "kv_pool"] = "both") -> bool:
         """Whether `record` with these arguments would tell the index anything (a chain, and for

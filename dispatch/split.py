@@ -5,19 +5,20 @@ Shared by the gateway (live) and the simulator (virtual time), as `dispatch.pipe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
 from dispatch.ledger import Ticket
+from dispatch.target import Target
 from prefix_index import PendingChains
 from router import kappa
 from router.decode import decode_context_tokens
-
-if TYPE_CHECKING:
-    from dispatch.pipeline import Plan
+from router.types import Decision, RequestFeatures
 
 
-def charge_split(pending: PendingChains, plan: Plan) -> tuple[Ticket, Ticket]:
-    """Charge a split decision (``plan.decision.prefill`` set) to both backends, now.
+def charge_split(pending: PendingChains, model: str, hashes: Sequence[int], features: RequestFeatures,
+                 decision: Decision, targets: Mapping[str, Target]) -> tuple[Ticket, Ticket]:
+    """Charge a split decision (``decision.prefill`` set) of a request (``model``, its chain
+    ``hashes``, its ``features``) to both its backends (of ``targets``), now.
 
     Returns:
         (the prefill ticket, the decode ticket). The prefill backend holds the prompt's KV,
@@ -30,17 +31,16 @@ def charge_split(pending: PendingChains, plan: Plan) -> tuple[Ticket, Ticket]:
     Raises:
         ValueError: the plan is not split.
     """
-    leg = plan.decision.prefill
+    leg = decision.prefill
     if leg is None:
         raise ValueError("charge_split needs a split decision (Decision.prefill)")
-    model, hashes, features = plan.request.model, plan.request.hashes, plan.features
-    prefill_target = plan.targets[leg.candidate.backend_id]
+    prefill_target = targets[leg.candidate.backend_id]
     pending.add(model, prefill_target.id, hashes)
     prompt_kv = kappa.model_constants(prefill_target.spec.model).kv_bytes(max(features.prompt_tokens, 1))
     prefill = Ticket(prefill_target.ledger, prompt_kv, leg.candidate.estimate.prefill_s,
                      on_finish=lambda: pending.remove(model, prefill_target.id, hashes))
-    chosen = plan.decision.chosen
-    decode_target = plan.targets[chosen.backend_id]
+    chosen = decision.chosen
+    decode_target = targets[chosen.backend_id]
     pending.add(model, decode_target.id, hashes)
     decode = Ticket(decode_target.ledger, chosen.estimate.kv_demand_bytes, 0.0,
                     on_finish=lambda: pending.remove(model, decode_target.id, hashes),

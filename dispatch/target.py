@@ -35,6 +35,11 @@ class BackendMetrics:
             and ``_sum``: finished requests and their summed time from first scheduled to first
             token, engine seconds (the κ_crit fit's measurement, `router.kappa_fit`); count None
             when not exported.
+        kv_transfer_count, kv_transfer_seconds_total, kv_transfer_bytes_total, kv_transfer_failures_total:
+            the KV connector's transfers into this engine (P/D: a decode instance pulling prefilled KV;
+            vLLM's NixlConnector, ``vllm:nixl_xfer_time_seconds``' ``_count`` and ``_sum``,
+            ``vllm:nixl_bytes_transferred_sum``, ``vllm:nixl_num_failed_transfers_total``); the count
+            None when not exported (no connector, or "No Data": `gateway.backends.pd_links`).
     """
 
     num_requests_waiting: int = 0
@@ -50,6 +55,10 @@ class BackendMetrics:
     requests_succeeded_total: float = 0.0
     prefill_time_count: float | None = None
     prefill_time_sum_s: float = 0.0
+    kv_transfer_count: float | None = None
+    kv_transfer_seconds_total: float = 0.0
+    kv_transfer_bytes_total: float = 0.0
+    kv_transfer_failures_total: float = 0.0
 
 
 @dataclass(eq=False)

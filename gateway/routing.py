@@ -44,6 +44,7 @@ from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.backends.index_truth import IndexTruth
+from gateway.backends.pd_links import PdLinks
 from gateway.telemetry.metrics import Telemetry
 from gateway.telemetry.outage import OutageLog
 from gateway.invalidation import LiveInvalidation, PendingFinding
@@ -64,7 +65,7 @@ from prefix_index import (
 from router.calibration import BytesPerToken
 from router.policies import Policy
 from router.profiles import GB
-from router.types import Candidate
+from router.types import Candidate, PdFleet
 
 log = logging.getLogger("kappa_gateway.routing")
 
@@ -96,12 +97,16 @@ class ParsedRequest(RoutableRequest):
     (``NestingTooDeep.reason``), or None for a body canonicalised and hashed as usual.
     ``invalidation``: a chat body's prefix-invalidation work (`gateway.invalidation.PendingFinding`),
     None otherwise.
+    ``splittable``: on a P/D fleet the request may be split (`gateway.proxy.disagg`): not when the
+    client sent its own ``kv_transfer_params`` (relayed as sent, never split) or asked for several
+    sequences (``n`` > 1: one prefill per sequence is not what vLLM's P/D flow runs).
     """
 
     kind: Kind
     stream: bool
     load_only_reason: str | None = None
     invalidation: PendingFinding | None = None
+    splittable: bool = True
 
 
 RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
@@ -133,6 +138,9 @@ class RoutingService:
         kv_pool_bytes = settings.kv_pool.capacity_gb * GB if settings.kv_pool is not None else None
         self.dispatcher = Dispatcher(index, policy, rng, calibration, block_size_bytes=self.block_bytes,
                                      kv_pool_bytes=kv_pool_bytes, hooks=self, clock=clock, gather=asyncio.gather)
+        self.pd_links: PdLinks | None = None
+        if settings.disaggregated:  # P/D: roles and links; the links' check keeps the unusable set
+            self._setup_pd(settings)
         self.index_truth = IndexTruth(self.dispatcher, backends, telemetry, clock, kv_pool=kv_pool_bytes is not None)
         # The index's outages: one "unavailable" line, one "reachable again" (gateway_index_errors_total
         # counts every failure).
@@ -144,6 +152,19 @@ class RoutingService:
         self._load_only = {NestingTooDeep.reason: telemetry.load_only_requests.labels(NestingTooDeep.reason)}
         self._index_seconds = {op: telemetry.index_seconds.labels(op) for op in ("match", "record", "forget")}
         self.live_invalidation = LiveInvalidation(telemetry, self.served_models)
+
+    def _setup_pd(self, settings: Settings) -> None:
+        roles = {b.id: b.kv_role for b in settings.backends}
+        table = settings.interconnect_table()
+        pd = self.dispatcher.pd = PdFleet(roles, table)
+        pairs = [(p.id, d.id) for p in settings.backends for d in settings.backends
+                 if p.id != d.id and p.model == d.model and roles[p.id] != "decode" and roles[d.id] != "prefill"]
+
+        def unusable(pairs: frozenset[tuple[str, str]]) -> None:
+            self.dispatcher.pd = PdFleet(pd.roles, pd.interconnect, pairs)
+
+        links = self.pd_links = PdLinks(pairs, table, self.telemetry.pd, self.clock, unusable)
+        self.backends.on_scraped = lambda state, previous, current: links.scraped(state.id, previous, current)
 
     # -- parsing -------------------------------------------------------------------------
     def parse(self, kind: Kind, raw: bytes) -> ParsedRequest:
@@ -197,13 +218,15 @@ class RoutingService:
             data = chat_canonical_bytes(body) if kind == "chat" else completion_canonical_bytes(body)
         except NestingTooDeep as exc:  # well-formed, beyond the canonicaliser: relayed on load alone
             return ParsedRequest(model=model, hashes=[], prompt_bytes=raw_bytes, max_tokens=max_tokens, kind=kind,
-                                 stream=bool(stream), sequences=sequences, load_only_reason=exc.reason)
+                                 stream=bool(stream), sequences=sequences, load_only_reason=exc.reason,
+                                 splittable=sequences == 1 and "kv_transfer_params" not in body)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
         return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
                              stream=bool(stream), sequences=sequences,
-                             invalidation=PendingFinding(data, seed) if kind == "chat" else None)
+                             invalidation=PendingFinding(data, seed) if kind == "chat" else None,
+                             splittable=sequences == 1 and "kv_transfer_params" not in body)
 
     @staticmethod
     def _max_tokens(body: dict[str, Any], kind: Kind) -> int:
@@ -234,7 +257,7 @@ class RoutingService:
             raise NoHealthyBackend(f"No healthy backend is serving `{parsed.model}` right now.")
         if parsed.load_only_reason is not None and not dry_run:
             self._load_only[parsed.load_only_reason].inc()
-        return await self.dispatcher.plan(parsed, targets, dry_run=dry_run)
+        return await self.dispatcher.plan(parsed, targets, dry_run=dry_run, split=parsed.splittable)
 
     def invalidation(self, parsed: ParsedRequest, *, dry_run: bool = False) -> Finding | None:
         """The request's prefix-invalidation finding at the model's calibrated bytes/token, counted
@@ -264,8 +287,12 @@ class RoutingService:
         """Drop the holders `observe_usage` found stale, then re-record the plan's chain on ``state``."""
         await self.index_truth.forget_stale(holders, plan, state)
 
-    def observe_usage(self, plan: RoutePlan, candidate: Candidate, usage: dict[str, Any]) -> tuple[str, ...]:
+    def observe_usage(self, plan: RoutePlan, candidate: Candidate, usage: dict[str, Any], *,
+                      evidence: bool = True) -> tuple[str, ...]:
         """Feed a response's usage into bytes/token calibration and index-accuracy metrics.
+
+        ``evidence`` False (a split request's decode phase, whose ``cached_tokens`` counts the KV it
+        pulled as cached, as vLLM's scheduler does): calibration only, no check of the index's credit.
 
         Returns:
             The index holders (backend ids, ``KV_POOL_ID``) whose credit answers now contradict
@@ -280,7 +307,7 @@ class RoutingService:
             self.telemetry.bytes_per_token.labels(model).set(self.dispatcher.calibration.get(model))
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if isinstance(cached, int):
+        if isinstance(cached, int) and evidence:
             series = self.telemetry.backend(candidate.backend_id)
             series.cached_estimated.inc(candidate.cached_tokens)
             series.cached_reported.inc(cached)

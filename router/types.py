@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from router.cost import BackendSpec, CostEstimate
-from router.links import Interconnect, Link
+from router.links import NO_INTERCONNECT, Interconnect, Link
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +144,10 @@ class PdFleet:
 
     def role(self, backend_id: str) -> str:
         return self.roles.get(backend_id, "both")
+
+    def unsplit(self) -> PdFleet:
+        """The same roles with no link: every request goes whole to a backend that decodes."""
+        return PdFleet(self.roles, NO_INTERCONNECT, self.unusable)
 
     def usable_link(self, prefill_id: str, decode_id: str) -> Link | None:
         """The link a split from ``prefill_id`` to ``decode_id`` would cross, if it may be used."""

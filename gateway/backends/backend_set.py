@@ -79,6 +79,8 @@ class BackendSet:
                  rng: random.Random | None = None) -> None:
         self.states = states
         self.by_id = {s.id: s for s in states}
+        # Told of every scrape (previous metrics, new ones): the P/D links' check (gateway.backends.pd_links).
+        self.on_scraped: Callable[[BackendState, BackendMetrics, BackendMetrics], None] | None = None
         self._session = session
         self._telemetry = telemetry
         self._on_restart = on_restart
@@ -228,6 +230,8 @@ class BackendSet:
             return
         previous = state.metrics
         state.scraped(metrics)
+        if self.on_scraped is not None:
+            self.on_scraped(state, previous, metrics)
         interval = state.prefill_feed.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s)
         if interval is not None and state.kappa_fit.observe(interval):
             self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())

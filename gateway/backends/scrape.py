@@ -33,6 +33,9 @@ SAMPLES_READ = frozenset({
     "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total", "vllm:request_success_total",
     "vllm:request_prefill_time_seconds_count", "vllm:request_prefill_time_seconds_sum",
+    # P/D: the KV connector's pulls (vLLM's NixlConnector metrics; gateway.backends.pd_links)
+    "vllm:nixl_xfer_time_seconds_count", "vllm:nixl_xfer_time_seconds_sum", "vllm:nixl_bytes_transferred_sum",
+    "vllm:nixl_num_failed_transfers_total",
 })
 _PREFIXES = tuple(sorted(SAMPLES_READ))
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")  # the exposition format's metric name
@@ -57,6 +60,8 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
     queries = hits = prompt = generation = succeeded = 0.0
     prefill_count: float | None = None
     prefill_sum = 0.0
+    xfer_count: float | None = None
+    xfer_s = xfer_bytes = xfer_failed = 0.0
     for family in families:
         for sample in family.samples:
             name = sample.name
@@ -85,6 +90,15 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
                 prefill_count = (prefill_count or 0.0) + sample.value
             elif name == "vllm:request_prefill_time_seconds_sum":
                 prefill_sum += sample.value
+            elif name.startswith("vllm:nixl_"):
+                if name == "vllm:nixl_xfer_time_seconds_count":
+                    xfer_count = (xfer_count or 0.0) + sample.value
+                elif name == "vllm:nixl_xfer_time_seconds_sum":
+                    xfer_s += sample.value
+                elif name == "vllm:nixl_bytes_transferred_sum":
+                    xfer_bytes += sample.value
+                elif name == "vllm:nixl_num_failed_transfers_total":
+                    xfer_failed += sample.value
     return BackendMetrics(
         num_requests_waiting=int(waiting),
         num_requests_running=int(running),
@@ -99,6 +113,10 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
         requests_succeeded_total=succeeded,
         prefill_time_count=prefill_count,
         prefill_time_sum_s=prefill_sum,
+        kv_transfer_count=xfer_count,
+        kv_transfer_seconds_total=xfer_s,
+        kv_transfer_bytes_total=xfer_bytes,
+        kv_transfer_failures_total=xfer_failed,
     )
 
 

@@ -37,7 +37,7 @@ from prefix_index import Finding
 ACCESS_LOGGER = "kappa_gateway.access"
 FIELDS = ("ts", "request_id", "route", "model", "backend", "status", "outcome", "cached_tokens",
           "uncached_prompt_tokens", "kappa_ratio", "regime", "ttft_s", "e2e_s", "request_bytes", "response_bytes",
-          "invalidated_tokens", "invalidation_cause")
+          "invalidated_tokens", "invalidation_cause", "prefill_backend")
 
 log = logging.getLogger(ACCESS_LOGGER)
 

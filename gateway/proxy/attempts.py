@@ -71,6 +71,21 @@ class FirstByte:
     resp: aiohttp.ClientResponse
     first: bytes
     timing: DispatchTiming  # its queue and headers time (gateway.backends.kappa_feed)
+    prefill_backend: str | None = None  # a split request's decode phase: where it was prefilled (none ran here)
+
+    @property
+    def split(self) -> bool:
+        return self.prefill_backend is not None
+
+
+@dataclass(slots=True)
+class SplitAttempt:
+    """The decode phase of a split request, as the first attempt: its body (the client's, with the
+    prefill's ``kv_transfer_params``) and its ticket (`dispatch.Dispatcher.charge_split`)."""
+
+    body: bytes
+    ticket: Ticket
+    prefill_backend: str
 
 
 class ClientWatch:
@@ -103,8 +118,13 @@ class ClientWatch:
 
 
 async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMultiDict[str], watch: ClientWatch, *,
-                     path: str, received_s: float, request_id: str, stream: bool) -> FirstByte:
+                     path: str, received_s: float, request_id: str, stream: bool,
+                     split: SplitAttempt | None = None) -> FirstByte:
     """Send ``body`` to the ranked backends in turn until one gives a first byte (module docstring).
+
+    With ``split``, the first attempt is a split request's decode phase (its own body and ticket; no
+    prefill runs there, so the κ_crit feed is not told); a retry goes whole (aggregated, ``body``) to
+    the next backend of the ranking.
 
     Raises:
         UpstreamError: the last attempt's failure, when it may not be retried or nothing is
@@ -129,24 +149,30 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         whole = Bound(try_s, idle=False)
         state = plan.targets[candidate.backend_id]
         feed, sent_s = state.prefill_feed, gw.clock()
-        sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
-        ticket = gw.routing.charge(plan, candidate)
+        decode_phase = split is not None and n == 0
+        if decode_phase:
+            assert split is not None
+            ticket, payload, sequence, ahead = split.ticket, split.body, -1, ()
+        else:
+            sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
+            ticket, payload = gw.routing.charge(plan, candidate), body
         # Other replicas learn of the prefill in flight through the index (gateway.replicas.peer_load).
         if gw.peers is not None and gw.routing.dispatcher.records_anything(plan.request.hashes, "backend"):
             gw.spawn(gw.routing.record(plan.request.model, state, plan.request.hashes, holders="backend"))
         up_headers = headers.copy()
         up_headers["X-Request-Id"] = attempt_request_id(request_id)
         attempt = asyncio.ensure_future(open_response(
-            gw.session, state.entry.url + path, body, up_headers,
+            gw.session, state.entry.url + path, payload, up_headers,
             headers_bound=waited if stream else whole, first_byte_bound=whole if stream else waited, clock=gw.clock))
         last = n == len(ranked) - 1
         down = None if last else gw.backends.down_signal(state)  # nowhere to move to: health alone never cuts it
         try:
-            resp, first, headers_s = await _first_of(attempt, watch.signal, down, gw.stopping_signal(), state.id)
+            resp, first, headers_s = await first_of(attempt, watch.signal, down, gw.stopping_signal(), state.id)
         except UpstreamError as exc:
             ticket.finish()  # the ledger and the in-flight chain are released on every path
-            feed.failed(sequence)
-            _account(gw, state, exc)
+            if not decode_phase:
+                feed.failed(sequence)
+            account_failure(gw, state, exc)
             last_try = last or (exc.retry_kind not in policy.retry_on and not exc.moves)
             if last_try:
                 raise
@@ -156,15 +182,17 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
             continue
         except BaseException:
             ticket.finish()
-            feed.failed(sequence)
+            if not decode_phase:
+                feed.failed(sequence)
             raise
-        timing = DispatchTiming(sent_s, ahead, feed.answered(sequence), headers_s, stream)
+        timing = DispatchTiming(sent_s, ahead, not decode_phase and feed.answered(sequence), headers_s, stream)
         ticket.first_byte()
-        return FirstByte(candidate, state, ticket, resp, first, timing)
+        return FirstByte(candidate, state, ticket, resp, first, timing,
+                         split.prefill_backend if decode_phase and split is not None else None)
     raise AssertionError("unreachable: the ranking is never empty")  # pragma: no cover
 
 
-async def _first_of(attempt: asyncio.Future[Any], gone: asyncio.Future[None], down: asyncio.Future[str] | None,
+async def first_of(attempt: asyncio.Future[Any], gone: asyncio.Future[None], down: asyncio.Future[str] | None,
                     stopping: asyncio.Future[None], backend: str) -> Any:
     """The attempt's result, unless the client leaves, the backend leaves rotation (``down``,
     when given) or the grace period ends first: then the attempt is cancelled (its connection
@@ -204,7 +232,7 @@ def _cancelling() -> int:
     return task.cancelling() if task is not None else 0
 
 
-def _account(gw: GatewayState, state: BackendState, exc: UpstreamError) -> None:
+def account_failure(gw: GatewayState, state: BackendState, exc: UpstreamError) -> None:
     """Count a failure before the first byte; the backend's own (not a deadline that ran out)
     count toward its ejection, 502/503/504 and connection failures as gateway failures (Envoy's)."""
     gw.telemetry.upstream_failures.labels(state.id, exc.retry_kind).inc()

@@ -7,7 +7,8 @@ it (decoded if it was compressed; each attempt with its own ``X-Request-Id``, th
 address appended to ``X-Forwarded-For``); streams come back as they arrive; the response
 carries the routing headers (``x-kappa-backend``, ``x-kappa-ratio``, ``x-kappa-ratio-loaded``,
 ``x-kappa-crit``, ``x-kappa-regime`` (`kappa_headers`), ``x-request-id``: the client's own id
-when it is a safe token, else the gateway's). Attempts, the one deadline and retries:
+when it is a safe token, else the gateway's; a split request's also ``x-kappa-prefill-backend``,
+the backend that prefilled it: `gateway.proxy.disagg`). Attempts, the one deadline and retries:
 `gateway.proxy.attempts`; the relay after the first byte and the bookkeeping: `gateway.proxy.relay`.
 A chat body's prefix-invalidation finding is computed in a loop callback once it is routed, so that
 it runs while the request is on its way upstream, not before (`gateway.invalidation`).
@@ -28,11 +29,13 @@ from gateway.edge.access_log import invalidation_fields
 from gateway.edge.admission import Slot
 from gateway.edge.answers import error_response
 from gateway.proxy.attempts import ClientWatch, first_byte
+from gateway.proxy.disagg import PrefillDone, run_prefill
 from gateway.edge.body import read_body
 from gateway.errors import ClientGone, GatewayError
 from gateway.proxy.relay import Relay, RelayedStream
 from gateway.edge.request_ids import new_request_id
-from gateway.routing import Kind
+from gateway.routing import Kind, RoutePlan
+from router import kappa
 from gateway.state import GatewayState
 from gateway.upstream.request import forward_headers, response_headers
 from router.types import Candidate
@@ -92,6 +95,14 @@ async def serve_proxy(scope: Scope, receive: Receive, send: Send, kind: Kind, gw
             slot.release()
 
 
+def _transfer_bytes(plan: RoutePlan) -> float:
+    """KV bytes a split request's decode pulled, as predicted: (P − K_d)·B_kv (`router.pd`)."""
+    leg = plan.decision.prefill
+    if leg is None:
+        return 0.0
+    return kappa.model_constants(plan.targets[plan.decision.chosen.backend_id].spec.model).kv_bytes(leg.transfer_tokens)
+
+
 def _count_unrouted(gw: GatewayState, kind: Kind, request_id: str, label: str, status: int, outcome: str,
                     e2e_s: float | None = None) -> None:
     """Count and log a request that ended before any backend had it (backend "none")."""
@@ -139,9 +150,20 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
     if "content-encoding" in request.headers:
         up_headers.popall("Content-Encoding", None)  # the body goes up decoded (gateway.edge.body)
     watch = ClientWatch(request)
+    prefilled: PrefillDone | None = None
     try:
-        sent = await first_byte(gw, plan, raw, up_headers, watch, path=UPSTREAM_PATHS[kind], received_s=received_s,
-                                request_id=request_id, stream=parsed.stream)
+        if plan.decision.prefill is not None:  # P/D: the prefill phase first (gateway.proxy.disagg)
+            prefilled = await run_prefill(gw, plan, raw, up_headers, watch, path=UPSTREAM_PATHS[kind], request_id=request_id,
+                                          deadline_s=received_s + gw.settings.gateway.upstream_first_byte_timeout_s)
+        try:
+            sent = await first_byte(gw, plan, raw, up_headers, watch, path=UPSTREAM_PATHS[kind], received_s=received_s,
+                                    request_id=request_id, stream=parsed.stream,
+                                    split=prefilled.decode if prefilled is not None else None)
+        finally:
+            if prefilled is not None:  # the decode has pulled the KV (its first byte), or will never
+                prefilled.ticket.finish()
+        if sent.prefill_backend is not None and gw.routing.pd_links is not None:
+            gw.routing.pd_links.transferred(sent.prefill_backend, sent.state.id, _transfer_bytes(plan))
         if slot is not None:
             slot.release_body()  # no retry can re-send it now
         resp = sent.resp
@@ -153,6 +175,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         relay = Relay(gw, plan, sent, received_s, request_id=request_id, route=kind,
                       request_bytes=len(raw))
         headers = {**response_headers(resp.headers), **kappa_headers(sent.candidate, request_id)}
+        if sent.prefill_backend is not None:
+            headers["x-kappa-prefill-backend"] = sent.prefill_backend
         if resp.status < 400 and resp.headers.get("content-type", "").startswith("text/event-stream"):
             watch.stop()  # the streaming response listens for the client's disconnect itself
             return RelayedStream(relay.stream(), status_code=resp.status, headers=headers)

@@ -224,7 +224,7 @@ class Relay:
             uncached_prompt_tokens=c.uncached_prompt_tokens, kappa_ratio=c.estimate.kappa_ratio,
             regime=c.estimate.regime.value, ttft_s=obs.ttft_s, e2e_s=self.gw.clock() - obs.start_s,
             request_bytes=self.request_bytes, response_bytes=self.response_bytes,
-            **invalidation_fields(self._invalidation()))
+            prefill_backend=self.sent.prefill_backend, **invalidation_fields(self._invalidation()))
 
     def _invalidation(self) -> Finding | None:
         """The request's prefix-invalidation finding (counted by then: `gateway.invalidation`)."""
@@ -283,7 +283,8 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
     series.response_headers[timing.stream].observe(timing.headers_s - obs.start_s)
     if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
         series.ttft.observe(obs.ttft_s)
-    if state.prefill_feed.completed_request(prediction(state.spec, c, timing, obs.usage)):
+    # A split request's decode phase ran no prefill here (its "prefill" is the KV pull): unpredictable.
+    if state.prefill_feed.completed_request(None if sent.split else prediction(state.spec, c, timing, obs.usage)):
         gw.backends.scrape_soon(state)
     for gap in obs.itl_s:
         series.itl.observe(gap)
@@ -296,6 +297,6 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
         series.cached_kv_pool_tokens.inc(c.cached_kv_pool_tokens)
     series.uncached_prompt_tokens.inc(c.uncached_prompt_tokens)
     if obs.usage:
-        stale = gw.routing.observe_usage(plan, c, obs.usage)
+        stale = gw.routing.observe_usage(plan, c, obs.usage, evidence=not sent.split)
         if stale:  # the index's credit was contradicted again and again: forget, off the request path
             gw.spawn(gw.routing.forget_stale(stale, plan, state))

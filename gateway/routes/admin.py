@@ -23,6 +23,7 @@ from prefix_index import KV_POOL_ID, PrefixIndexError
 from router import kappa
 from router.cost import BackendSpec, RequestShape, predict
 from router.decode import estimate_decode
+from router.pd import price_split
 from router.profiles import GB
 
 
@@ -111,7 +112,12 @@ async def backends(gw: State) -> dict:
 
     The decode batch the router prices (`router.decode`): ``decode_context_tokens`` and
     ``decode_output_tokens`` of the requests in flight (this replica's and its peers'), and
-    ``foreign_requests``, those the last scrape found beyond them."""
+    ``foreign_requests``, those the last scrape found beyond them.
+
+    P/D (issue 26): each backend's ``kv_role`` and ``node``; ``pd_links`` (null on an aggregated fleet), one
+    entry per link from a backend that prefills to one that decodes: its configured figures, ``state``
+    (healthy, degraded, broken: `gateway.backends.pd_links`), why, whether a probe is under way, and the
+    bandwidth it was measured to deliver."""
     try:
         index_blocks: dict[str, int] | None = (await gw.index.stats()).blocks_by_backend
     except PrefixIndexError:
@@ -121,7 +127,8 @@ async def backends(gw: State) -> dict:
         spec, m = s.spec, s.metrics
         out.append({
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
-            "labels": s.entry.labels, "healthy": s.healthy, **gw.backends.rotation.view(s),
+            "labels": s.entry.labels, "kv_role": s.entry.kv_role, "node": s.entry.node,
+            "healthy": s.healthy, **gw.backends.rotation.view(s),
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
             "kappa_crit_linear": spec.kappa_crit_linear, **measured_fields(s.kappa_fit),
             "kappa_crit_reference": kappa_crit_reference(spec),
@@ -147,8 +154,10 @@ async def backends(gw: State) -> dict:
     }
     peers = None if gw.peers is None else {"replica_id": gw.peers.id, "replicas_seen": gw.peers.replicas_seen,
                                            "sync_interval_s": gw.peers.interval_s}
+    links = gw.routing.pd_links
+    pd_links = None if links is None else [r.as_dict() for r in links.links.values()]
     return {"backends": out, "policy": gw.settings.routing.policy, "index": gw.settings.index.backend,
-            "kv_pool": kv_pool, "peers": peers, "panic_mode": dict(gw.backends.rotation.panic)}
+            "kv_pool": kv_pool, "peers": peers, "panic_mode": dict(gw.backends.rotation.panic), "pd_links": pd_links}
 
 
 @kappa_routes.post("/route")
@@ -171,7 +180,11 @@ async def explain(request: Request, gw: State) -> dict[str, Any]:
     no earlier conversation; else front_truncation, compaction, edit or reorder), ``invalidated_tokens``
     (the earlier request's tokens it would prefill again; ``invalidated_bytes``, their canonical bytes), ``conversation`` (which earlier conversation,
     an id of this process), ``earlier_messages``, ``common_prefix_messages``, ``messages``. Explaining
-    records nothing: the finding a real request would get is unchanged."""
+    records nothing: the finding a real request would get is unchanged. ``split`` (P/D fleets; null when
+    the request would go whole to ``chosen``): the prefill backend and its figures for the request, the
+    transfer (``transfer_tokens`` = P − K_d, ``transfer_s``, the ``link``) and the split's predicted TTFT,
+    decode, E2E, work and interference (`router.pd`); ``chosen`` is then the decode backend, and ``reason``
+    compares the split's score with the best aggregated one."""
     slot = gw.admission.admit()
     try:
         raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
@@ -215,6 +228,7 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
             "predicted_energy_j": est.energy_j, "kv_demand_bytes": est.kv_demand_bytes,
         })
     f = plan.features
+    split = None if plan.decision.prefill is None else _split(plan, views)
     return {
         "model": f.model, "kind": kind, "policy": plan.decision.policy, "chosen": plan.decision.chosen.backend_id,
         "reason": plan.decision.reason, "index_available": plan.index_ok,
@@ -222,5 +236,28 @@ async def _explain(raw: bytes | bytearray, gw: State) -> dict[str, Any]:
         "invalidation": None if finding is None else finding.as_dict(),
         "prompt_tokens_estimate": f.prompt_tokens, "prompt_blocks": f.prompt_blocks,
         "tokens_per_block_estimate": f.block_size_tokens, "max_tokens": f.max_tokens, "n": f.sequences,
-        "candidates": candidates,
+        "candidates": candidates, "split": split,
+    }
+
+
+def _split(plan: Any, views: dict[str, Any]) -> dict[str, Any]:
+    """A split decision's terms (`router.pd.SplitEstimate`): where it prefills and decodes, the transfer
+    over the link between them, and the predicted TTFT, decode, work and interference."""
+    leg, chosen = plan.decision.prefill, plan.decision.chosen
+    p_view, d_view = views[leg.candidate.backend_id], views[chosen.backend_id]
+    roles = plan.targets[leg.candidate.backend_id].entry.kv_role
+    stalled = 0 if roles == "prefill" else p_view.in_flight + p_view.foreign_requests
+    decode = estimate_decode(plan.features, chosen.estimate, d_view)
+    est = price_split(plan.features, leg.candidate, stalled, chosen, d_view.spec, decode, leg.link)
+    p_est = leg.candidate.estimate
+    return {
+        "prefill_backend": leg.candidate.backend_id, "decode_backend": chosen.backend_id,
+        "prefill": {"cached_tokens": leg.candidate.cached_tokens, "uncached_prompt_tokens": leg.candidate.uncached_prompt_tokens,
+                    "kappa_ratio": p_est.kappa_ratio, "regime": p_est.regime.value,
+                    "predicted_ttft_s": p_est.ttft_s, "predicted_prefill_s": p_est.prefill_s},
+        "transfer_tokens": leg.transfer_tokens, "transfer_s": leg.transfer_s,
+        "link": {"kind": leg.link.kind.value, "bandwidth_bytes_per_s": leg.link.bandwidth_bytes_per_s,
+                 "latency_s": leg.link.latency_s},
+        "predicted_ttft_s": est.ttft_s, "predicted_decode_s": est.decode_s, "predicted_e2e_s": est.e2e_s,
+        "predicted_work_s": est.work_s, "predicted_interference_s": est.interference_s,
     }

@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from gateway.telemetry import metric_values
+from gateway.telemetry.pd import PdTelemetry
 from router.kappa import Regime
 from router.kappa_fit import KappaCritMeasurement
 
@@ -104,6 +105,7 @@ class Telemetry:
         self._declare_backend_metrics(registry)
         self._declare_index_metrics(registry)
         self._declare_edge_metrics(registry)
+        self.pd = PdTelemetry(registry)  # P/D disaggregation (gateway.telemetry.pd)
         self._backends: dict[str, BackendSeries] = {}
         self._functions: list[tuple[Gauge, Callable[[], float]]] = []
         self._outcomes: dict[tuple[str, str, str, str, str], object] = {}

@@ -53,7 +53,7 @@ from typing import Any, ClassVar, Self
 
 from router.decode import DecodeEstimate, estimate_decode
 from router.pd import SplitEstimate, price_split
-from router.policies.base import params_reduce, parse_params, require
+from router.policies.base import PolicyConfigError, params_reduce, parse_params, require
 from router.types import BackendView, Candidate, Decision, PdFleet, RequestFeatures
 
 NAME = "kappa"
@@ -135,7 +135,10 @@ class KappaPolicy:
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Self:
         """A policy from ``routing.params``. Raises PolicyConfigError naming a bad or unknown key."""
-        return cls(parse_params(NAME, KappaParams, params))
+        try:
+            return cls(parse_params(cls.name, KappaParams, params))
+        except PolicyConfigError as exc:  # KappaParams' range checks name ``kappa``; this policy may be another
+            raise PolicyConfigError(str(exc).replace(f"policy {NAME!r}", f"policy {cls.name!r}", 1)) from None
 
     def score(self, candidate: Candidate, decode: DecodeEstimate | None = None) -> float:
         """The policy's score of a candidate, seconds (lower is better; formula in the module

@@ -1,0 +1,249 @@
+"""The P/D links verified: what each prefill → decode path really delivers, and which may carry splits.
+
+The failure practitioners warn about: a P/D deployment whose KV transfers silently fail or crawl
+(a GH200 without RDMA, NIXL falling back to TCP) — every transfer metric reads "No Data", and P/D
+collapses into aggregated serving at half the memory, or worse, keeps splitting over a path that
+delivers a fiftieth of its datasheet figure. The gateway measures each link from the decode
+engines' own KV-connector metrics (vLLM's NixlConnector: ``vllm:nixl_xfer_time_seconds`` and
+``vllm:nixl_bytes_transferred``, whose ``_sum`` and ``_count`` say how many bytes the engine pulled
+in how many seconds, and ``vllm:nixl_num_failed_transfers_total``) and from its own count of the
+splits it sent over each link since the last scrape:
+
+- **broken**: pulls failed (the failure counter moved), or the gateway sent splits over the link
+  and completed their decode phase, yet the decode engine's transfer metrics are absent or did not
+  move ("No Data");
+- **degraded**: over at least ``MIN_TRANSFERS`` transfers, it delivered less than
+  ``DEGRADED_RATIO`` of its configured sustained bandwidth. A window's seconds are shared between
+  the links that carried transfers into that decode engine: each other link is charged what its
+  own figure (measured, else configured) says its bytes took, the rest is this link's. Latency is
+  taken out (``latency_s`` per transfer) so small transfers do not read as a slow link;
+- **healthy**: otherwise (and before any evidence).
+
+A link that is not healthy carries no split (`router.types.PdFleet.unusable`): requests go whole
+to a backend that decodes. Every ``PROBE_INTERVAL_S`` such a link is let through again for one
+window — the next split the router prices over it is the probe — and is healthy again if that
+window measures it so. Each change of state is logged once, and exported as
+``gateway_pd_link_state`` (`gateway.telemetry.pd`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from dispatch import BackendMetrics
+from gateway.telemetry.pd import LINK_STATE_VALUES, PdTelemetry
+from router.links import Interconnect, Link, LinkHealth
+
+log = logging.getLogger("kappa_gateway.pd_links")
+
+DEGRADED_RATIO = 0.5
+"""A link delivering less than this share of its configured bandwidth is degraded."""
+MIN_TRANSFERS = 3
+"""Transfers measured before a link's bandwidth is judged (one transfer can be an outlier)."""
+PROBE_INTERVAL_S = 10.0
+"""Seconds a degraded or broken link carries no split before a probe window lets it through again."""
+DRY_SCRAPES = 2
+"""Scrapes with splits expected and no KV-transfer data before a link is called broken ("No Data")."""
+
+
+@dataclass(slots=True)
+class _Pulled:
+    """What one decode engine's KV-transfer metrics moved by since its links were last judged."""
+
+    count: float = 0.0
+    bytes: float = 0.0
+    seconds: float = 0.0
+    failed: float = 0.0
+    exported: bool = False
+    dry: int = 0
+    idle: int = 0
+
+    def add(self, previous: BackendMetrics, current: BackendMetrics) -> None:
+        self.exported = current.kv_transfer_count is not None
+        if current.kv_transfer_count is None or previous.kv_transfer_count is None:
+            return
+        if current.kv_transfer_count < previous.kv_transfer_count:  # a restart: counters start again
+            return
+        self.count += current.kv_transfer_count - previous.kv_transfer_count
+        self.bytes += current.kv_transfer_bytes_total - previous.kv_transfer_bytes_total
+        self.seconds += current.kv_transfer_seconds_total - previous.kv_transfer_seconds_total
+        self.failed += max(current.kv_transfer_failures_total - previous.kv_transfer_failures_total, 0.0)
+
+    def idle_scrapes(self) -> bool:
+        """One more scrape without a split of ours: True when what accumulated is too old to match one."""
+        self.idle += 1
+        return self.idle >= DRY_SCRAPES
+
+    def reset(self) -> None:
+        self.count = self.bytes = self.seconds = self.failed = 0.0
+        self.dry = self.idle = 0
+
+
+@dataclass(slots=True)
+class LinkRecord:
+    """One link's configured figure, state and evidence."""
+
+    prefill_id: str
+    decode_id: str
+    configured: Link
+    state: LinkHealth = LinkHealth.HEALTHY
+    reason: str = "no transfer seen yet"
+    since_s: float = 0.0
+    probing: bool = False
+    delivered_bytes_per_s: float | None = None
+    bytes: float = 0.0  # evidence since the state last changed: bytes, seconds, transfers
+    seconds: float = 0.0
+    transfers: int = 0
+    window_bytes: float = 0.0  # splits sent over it since its decode engine's last scrape
+    window_transfers: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"prefill_backend": self.prefill_id, "decode_backend": self.decode_id, "kind": self.configured.kind.value,
+                "configured_bytes_per_s": self.configured.bandwidth_bytes_per_s, "latency_s": self.configured.latency_s,
+                "state": self.state.value, "reason": self.reason, "probing": self.probing,
+                "delivered_bytes_per_s": self.delivered_bytes_per_s, "transfers_measured": self.transfers}
+
+
+@dataclass
+class PdLinks:
+    """Every link from a backend that prefills to one that decodes, verified (module docstring).
+
+    Args:
+        pairs: (prefill id, decode id) of every link that may carry splits.
+        interconnect: their configured figures.
+        telemetry: the P/D metrics.
+        clock: monotonic seconds.
+        on_change: called with the unusable pairs whenever that set changes.
+    """
+
+    pairs: Iterable[tuple[str, str]]
+    interconnect: Interconnect
+    telemetry: PdTelemetry
+    clock: Callable[[], float]
+    on_change: Callable[[frozenset[tuple[str, str]]], None]
+    links: dict[tuple[str, str], LinkRecord] = field(init=False)
+    _pulled: dict[str, _Pulled] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.links = {}
+        self._pulled = {}
+        for p, d in self.pairs:
+            link = self.interconnect.link(p, d)
+            if link is not None:
+                self.links[(p, d)] = LinkRecord(p, d, link, since_s=self.clock())
+                self.telemetry.link_state.labels(p, d).set(0)
+                self.telemetry.link_configured.labels(p, d).set(link.bandwidth_bytes_per_s)
+
+    def unusable(self) -> frozenset[tuple[str, str]]:
+        return frozenset(k for k, r in self.links.items() if r.state is not LinkHealth.HEALTHY and not r.probing)
+
+    def transferred(self, prefill_id: str, decode_id: str, kv_bytes: float) -> None:
+        """A split's decode phase got its first byte: its ``kv_bytes`` crossed link(prefill, decode)."""
+        record = self.links.get((prefill_id, decode_id))
+        if record is not None:
+            record.window_bytes += kv_bytes
+            record.window_transfers += 1
+
+    def scraped(self, decode_id: str, previous: BackendMetrics, current: BackendMetrics) -> None:
+        """A scrape of ``decode_id``: judge the links into it on what it pulled since it was last judged.
+
+        The engine's counters and the gateway's count of splits need not move in the same scrape
+        interval (a pull ends just before a scrape, its first byte reaches the gateway just after),
+        so both accumulate until both have moved; "No Data" is called only after ``DRY_SCRAPES``
+        scrapes in which splits were expected and the engine's transfer metrics did not move.
+        """
+        into = [r for r in self.links.values() if r.decode_id == decode_id]
+        if not into:
+            return
+        pulled = self._pulled.setdefault(decode_id, _Pulled())
+        pulled.add(previous, current)
+        used = [r for r in into if r.window_transfers]
+        before = self.unusable()
+        if used:
+            self._judge(used, pulled)
+        elif pulled.idle_scrapes():  # metrics moved with no split of ours: another gateway's, forgotten in time
+            pulled.reset()
+        self._probe(into)
+        after = self.unusable()
+        if after != before:
+            self.on_change(after)
+
+    def _judge(self, used: list[LinkRecord], pulled: _Pulled) -> None:
+        expected = sum(r.window_transfers for r in used)
+        if pulled.failed > 0:
+            for r in used:
+                self._set(r, LinkHealth.BROKEN, f"{pulled.failed:g} failed KV transfers into {r.decode_id} "
+                          f"(vllm:nixl_num_failed_transfers) while it carried {r.window_transfers}")
+            self._settled(used, pulled)
+            return
+        if pulled.count <= 0 or pulled.bytes <= 0 or pulled.seconds <= 0:
+            pulled.dry += 1
+            if pulled.dry >= DRY_SCRAPES:
+                what = "exports no KV-transfer metrics" if not pulled.exported else "KV-transfer metrics did not move"
+                for r in used:
+                    self._set(r, LinkHealth.BROKEN, f"no data: {expected} transfers expected into {r.decode_id} over "
+                              f"{pulled.dry} scrapes, its {what} (vllm:nixl_xfer_time_seconds, vllm:nixl_bytes_transferred)")
+                self._settled(used, pulled)
+            return
+        total_bytes = sum(o.window_bytes for o in used)
+        for r in used:
+            others_s = sum(o.window_bytes / (o.delivered_bytes_per_s or o.configured.bandwidth_bytes_per_s)
+                           for o in used if o is not r)
+            share = r.window_bytes / total_bytes if total_bytes > 0 else 1.0 / len(used)
+            r.bytes += pulled.bytes * share
+            r.seconds += max(pulled.seconds - others_s - r.window_transfers * r.configured.latency_s, 1e-9)
+            r.transfers += r.window_transfers
+            if r.transfers >= MIN_TRANSFERS or r.probing:
+                self._measured(r)
+        self._settled(used, pulled)
+
+    def _measured(self, r: LinkRecord) -> None:
+        delivered = r.bytes / r.seconds
+        r.delivered_bytes_per_s = delivered
+        self.telemetry.link_delivered.labels(r.prefill_id, r.decode_id).set(delivered)
+        ratio = delivered / r.configured.bandwidth_bytes_per_s
+        if ratio < DEGRADED_RATIO:
+            self._set(r, LinkHealth.DEGRADED, f"delivers {delivered / 1e9:.3g} GB/s over {r.transfers} transfers, "
+                      f"{ratio:.1%} of its configured {r.configured.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
+        else:
+            self._set(r, LinkHealth.HEALTHY, f"delivers {delivered / 1e9:.3g} GB/s ({ratio:.0%} of configured)")
+            if r.transfers > 4 * MIN_TRANSFERS:  # forget old evidence by halves: a later slowdown shows
+                r.bytes, r.seconds, r.transfers = r.bytes / 2, r.seconds / 2, r.transfers // 2
+
+    @staticmethod
+    def _settled(used: list[LinkRecord], pulled: _Pulled) -> None:
+        for r in used:
+            r.window_bytes, r.window_transfers = 0.0, 0
+        pulled.reset()
+
+    def _probe(self, into: list[LinkRecord]) -> None:
+        now = self.clock()
+        for r in into:
+            if r.state is not LinkHealth.HEALTHY and not r.probing and now - r.since_s >= PROBE_INTERVAL_S:
+                r.probing = True
+                r.bytes = r.seconds = 0.0
+                r.transfers = 0
+                log.info("P/D link %s -> %s: probing (%s for %.0fs)", r.prefill_id, r.decode_id, r.state.value,
+                         now - r.since_s)
+
+    def _set(self, r: LinkRecord, state: LinkHealth, reason: str) -> None:
+        was_probing, r.probing = r.probing, False
+        r.reason = reason
+        if state is r.state:
+            if was_probing:  # the probe found it as it was: another wait
+                r.since_s = self.clock()
+                r.bytes = r.seconds = 0.0
+                r.transfers = 0
+            return
+        r.state, r.since_s = state, self.clock()
+        r.bytes = r.seconds = 0.0
+        r.transfers = 0
+        self.telemetry.link_state.labels(r.prefill_id, r.decode_id).set(LINK_STATE_VALUES[state.value])
+        if state is LinkHealth.HEALTHY:
+            log.warning("P/D link %s -> %s healthy again: %s; splits over it resume", r.prefill_id, r.decode_id, reason)
+        else:
+            log.error("P/D link %s -> %s is %s: %s. No requests are split over it until a probe finds it healthy "
+                      "(every %.0fs); they go whole to a backend that decodes.", r.prefill_id, r.decode_id,
+                      state.value, reason, PROBE_INTERVAL_S)
