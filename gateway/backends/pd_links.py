@@ -29,11 +29,14 @@ window measures it so. Each change of state is logged once, and exported as
 from __future__ import annotations
 
 import logging
+import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from dispatch import BackendMetrics
 from gateway.telemetry.pd import LINK_STATE_VALUES, PdTelemetry
+from router.least_squares import robust_least_squares
 from router.links import Interconnect, Link, LinkHealth
 
 log = logging.getLogger("kappa_gateway.pd_links")
@@ -46,6 +49,31 @@ PROBE_INTERVAL_S = 10.0
 """Seconds a degraded or broken link carries no split before a probe window lets it through again."""
 DRY_SCRAPES = 2
 """Scrapes with splits expected and no KV-transfer data before a link is called broken ("No Data")."""
+WINDOWS = 32
+"""Scrape windows per decode engine the per-link fit keeps (the oldest go first)."""
+GB = 1e9
+
+
+def _fit(windows: list[tuple[dict[tuple[str, str], float], float]]) -> dict[tuple[str, str], float] | None:
+    """Seconds per GB of each link into one decode engine, from its windows ({link: GB}, seconds).
+
+    Robust least squares through the origin over the windows (`router.least_squares`: a window's
+    seconds = Σ_l GB over l × s/GB of l), which tells links apart once their mixes vary; where it
+    cannot (too few windows, or always the same mix), the windows each link carried alone. None when
+    neither tells any link apart.
+    """
+    keys = sorted({k for w, _ in windows for k in w})
+    if len(windows) > len(keys):
+        fit = robust_least_squares([[w.get(k, 0.0) for k in keys] for w, _ in windows], [t for _, t in windows])
+        if fit is not None and all(b > 0 for b in fit.beta):
+            return dict(zip(keys, fit.beta))
+    alone: dict[tuple[str, str], tuple[float, float]] = {}
+    for w, t in windows:
+        if len(w) == 1:
+            [(k, gb)] = w.items()
+            was = alone.get(k, (0.0, 0.0))
+            alone[k] = (was[0] + gb, was[1] + t)
+    return {k: t / gb for k, (gb, t) in alone.items() if gb > 0} or None
 
 
 @dataclass(slots=True)
@@ -59,6 +87,8 @@ class _Pulled:
     exported: bool = False
     dry: int = 0
     idle: int = 0
+    # The judged windows, newest last: ({link: GB it carried}, seconds less latency); kept across resets.
+    windows: deque[tuple[dict[tuple[str, str], float], float]] = field(default_factory=lambda: deque(maxlen=WINDOWS))
 
     def add(self, previous: BackendMetrics, current: BackendMetrics) -> None:
         self.exported = current.kv_transfer_count is not None
@@ -93,9 +123,7 @@ class LinkRecord:
     since_s: float = 0.0
     probing: bool = False
     delivered_bytes_per_s: float | None = None
-    bytes: float = 0.0  # evidence since the state last changed: bytes, seconds, transfers
-    seconds: float = 0.0
-    transfers: int = 0
+    transfers: int = 0  # transfers measured (since its last probe)
     window_bytes: float = 0.0  # splits sent over it since its decode engine's last scrape
     window_transfers: int = 0
 
@@ -187,20 +215,38 @@ class PdLinks:
                               f"{pulled.dry} scrapes, its {what} (vllm:nixl_xfer_time_seconds, vllm:nixl_bytes_transferred)")
                 self._settled(used, pulled)
             return
-        total_bytes = sum(o.window_bytes for o in used)
+        counted = sum(r.window_bytes for r in used) or 1.0
+        # The engine's bytes, shared as the gateway's own counts of each link's splits share them (GB).
+        share = {(r.prefill_id, r.decode_id): pulled.bytes * r.window_bytes / counted / GB for r in used}
+        latency = sum(r.window_transfers * r.configured.latency_s for r in used)
+        pulled.windows.append((share, max(pulled.seconds - latency, 1e-9)))
         for r in used:
-            others_s = sum(o.window_bytes / (o.delivered_bytes_per_s or o.configured.bandwidth_bytes_per_s)
-                           for o in used if o is not r)
-            share = r.window_bytes / total_bytes if total_bytes > 0 else 1.0 / len(used)
-            r.bytes += pulled.bytes * share
-            r.seconds += max(pulled.seconds - others_s - r.window_transfers * r.configured.latency_s, 1e-9)
             r.transfers += r.window_transfers
-            if r.transfers >= MIN_TRANSFERS or r.probing:
-                self._measured(r)
+        seconds_per_gb = _fit(list(pulled.windows))
+        if seconds_per_gb is None:
+            self._unresolved(used, pulled)
+        else:
+            for r in used:
+                per_gb = seconds_per_gb.get((r.prefill_id, r.decode_id))
+                if per_gb is not None and (r.transfers >= MIN_TRANSFERS or r.probing):
+                    self._measured(r, GB / per_gb if per_gb > 0 else math.inf)
         self._settled(used, pulled)
 
-    def _measured(self, r: LinkRecord) -> None:
-        delivered = r.bytes / r.seconds
+    def _unresolved(self, used: list[LinkRecord], pulled: _Pulled) -> None:
+        """Several links into one decoder, always together: their shares cannot be told apart. Judged
+        as one: when together they deliver under DEGRADED_RATIO of their figures, none carries splits
+        (the probes then try each)."""
+        gb = sum(sum(w.values()) for w, _ in pulled.windows)
+        seconds = sum(t for _, t in pulled.windows)
+        expected = sum(gb_l * GB / self.links[k].configured.bandwidth_bytes_per_s
+                       for w, _ in pulled.windows for k, gb_l in w.items())
+        if seconds > 0 and expected / seconds < DEGRADED_RATIO and all(r.transfers >= MIN_TRANSFERS for r in used):
+            for r in used:
+                self._set(r, LinkHealth.DEGRADED, f"the links into {r.decode_id} delivered {gb / seconds:.3g} GB/s "
+                          f"together, {expected / seconds:.1%} of their figures; which one is slow cannot be told "
+                          "apart yet (the probes will)")
+
+    def _measured(self, r: LinkRecord, delivered: float) -> None:
         r.delivered_bytes_per_s = delivered
         self.telemetry.link_delivered.labels(r.prefill_id, r.decode_id).set(delivered)
         ratio = delivered / r.configured.bandwidth_bytes_per_s
@@ -208,9 +254,8 @@ class PdLinks:
             self._set(r, LinkHealth.DEGRADED, f"delivers {delivered / 1e9:.3g} GB/s over {r.transfers} transfers, "
                       f"{ratio:.1%} of its configured {r.configured.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
         else:
-            self._set(r, LinkHealth.HEALTHY, f"delivers {delivered / 1e9:.3g} GB/s ({ratio:.0%} of configured)")
-            if r.transfers > 4 * MIN_TRANSFERS:  # forget old evidence by halves: a later slowdown shows
-                r.bytes, r.seconds, r.transfers = r.bytes / 2, r.seconds / 2, r.transfers // 2
+            self._set(r, LinkHealth.HEALTHY, f"delivers {delivered / 1e9:.3g} GB/s ({min(ratio, 9.99):.0%} of "
+                      "its configured figure)")
 
     @staticmethod
     def _settled(used: list[LinkRecord], pulled: _Pulled) -> None:
@@ -219,14 +264,23 @@ class PdLinks:
         pulled.reset()
 
     def _probe(self, into: list[LinkRecord]) -> None:
+        """Let one link that is not healthy through, per decode engine at a time (so that its probe's
+        transfers are told apart from the other links'), once it has waited PROBE_INTERVAL_S."""
         now = self.clock()
+        if any(r.probing for r in into):
+            return
         for r in into:
-            if r.state is not LinkHealth.HEALTHY and not r.probing and now - r.since_s >= PROBE_INTERVAL_S:
+            if r.state is not LinkHealth.HEALTHY and now - r.since_s >= PROBE_INTERVAL_S:
                 r.probing = True
-                r.bytes = r.seconds = 0.0
                 r.transfers = 0
+                pulled = self._pulled.get(r.decode_id)
+                if pulled is not None:  # its old windows would outvote the probe
+                    kept = [w for w in pulled.windows if (r.prefill_id, r.decode_id) not in w[0]]
+                    pulled.windows.clear()
+                    pulled.windows.extend(kept)
                 log.info("P/D link %s -> %s: probing (%s for %.0fs)", r.prefill_id, r.decode_id, r.state.value,
                          now - r.since_s)
+                return
 
     def _set(self, r: LinkRecord, state: LinkHealth, reason: str) -> None:
         was_probing, r.probing = r.probing, False
@@ -234,12 +288,8 @@ class PdLinks:
         if state is r.state:
             if was_probing:  # the probe found it as it was: another wait
                 r.since_s = self.clock()
-                r.bytes = r.seconds = 0.0
-                r.transfers = 0
             return
         r.state, r.since_s = state, self.clock()
-        r.bytes = r.seconds = 0.0
-        r.transfers = 0
         self.telemetry.link_state.labels(r.prefill_id, r.decode_id).set(LINK_STATE_VALUES[state.value])
         if state is LinkHealth.HEALTHY:
             log.warning("P/D link %s -> %s healthy again: %s; splits over it resume", r.prefill_id, r.decode_id, reason)
