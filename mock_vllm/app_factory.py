@@ -2,8 +2,10 @@
 
 The mock takes the same backend entry the gateway routes to (`fleet_config.BackendEntry`):
 its router figures come from `fleet_config.Settings.backend_spec` (model, hardware, TP,
-power cap, host link, load overlap, pool link) and its engine's from `engine_config` (host
-tier, KV block override), so a mock honours every field the gateway reads, whoever starts
+power cap, host link, load overlap, pool link), its engine's from `engine_config` (host
+tier, KV block override) and its P/D settings from `pd_settings` (``kv_role``; its id as its
+NIXL engine id; the config's interconnect, whose ``node`` entries place it), so a mock
+honours every field the gateway reads, whoever starts
 it (``kappa-gateway mock-vllm``, ``mock-fleet``, the simulator, the tests). No files or
 environment are read here.
 """
@@ -19,6 +21,7 @@ from fleet_config import BackendEntry, Settings, parse_settings
 from fleet_config.settings import ModelEntry
 from mock_vllm.engine import MockEngine
 from mock_vllm.kv_cache import SharedKVPool
+from mock_vllm.pd import ABORT_REQUEST_TIMEOUT_S, DEFAULT_KV_LOAD_FAILURE_POLICY, PdSettings
 from mock_vllm.server import create_app
 from mock_vllm.types import EngineConfig
 from router.capacity import VLLM_BLOCK_SIZE_TOKENS, kv_block_bytes
@@ -36,9 +39,24 @@ def engine_config(backend: BackendEntry, *, max_num_seqs: int | None = None,
                         **{k: v for k, v in limits.items() if v is not None})
 
 
+def pd_settings(settings: Settings, backend: BackendEntry, *,
+                kv_load_failure_policy: str = DEFAULT_KV_LOAD_FAILURE_POLICY,
+                kv_abort_request_timeout_s: float = ABORT_REQUEST_TIMEOUT_S) -> PdSettings:
+    """A configured backend's P/D settings: its id as its engine id, its ``kv_role``, the fleet's links.
+
+    Raises:
+        ValueError: an unknown policy or a timeout ≤ 0.
+    """
+    return PdSettings(engine_id=backend.id, kv_role=backend.kv_role, interconnect=settings.interconnect_table(),
+                      kv_load_failure_policy=kv_load_failure_policy,
+                      abort_request_timeout_s=kv_abort_request_timeout_s)
+
+
 def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalog, *, time_scale: float = 1.0,
                       kv_pool: SharedKVPool | None = None, registry: CollectorRegistry | None = None,
-                      max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> FastAPI:
+                      max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                      kv_load_failure_policy: str = DEFAULT_KV_LOAD_FAILURE_POLICY,
+                      kv_abort_request_timeout_s: float = ABORT_REQUEST_TIMEOUT_S) -> FastAPI:
     """A mock vLLM app impersonating ``backend`` of ``settings``.
 
     Args:
@@ -51,15 +69,20 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
             process. Needs a ``kv_pool`` section (the pool link comes from it).
         registry: metrics registry; a fresh one when ``None``.
         max_num_seqs, max_num_batched_tokens: vLLM's batching flags.
+        kv_load_failure_policy: ``recompute`` or ``fail`` (vLLM's ``kv_load_failure_policy``).
+        kv_abort_request_timeout_s: engine seconds a prefill keeps KV for a remote decode
+            (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, 480 s).
 
     Raises:
-        ValueError: an invalid setting (a pool without a kv_pool section, time_scale ≤ 0, or
-            a model whose weights leave no KV memory on this hardware).
+        ValueError: an invalid setting (a pool without a kv_pool section, time_scale ≤ 0, an
+            unknown failure policy, or a model whose weights leave no KV memory on this hardware).
     """
     spec = settings.backend_spec(catalog, backend)
     config = engine_config(backend, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    pd = pd_settings(settings, backend, kv_load_failure_policy=kv_load_failure_policy,
+                     kv_abort_request_timeout_s=kv_abort_request_timeout_s)
     return create_app(MockEngine(spec, config, kv_pool), served_model_name=backend.model, time_scale=time_scale,
-                      registry=registry)
+                      registry=registry, pd=pd)
 
 
 def shared_kv_pool(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry]) -> SharedKVPool:

@@ -37,7 +37,7 @@ from mock_vllm.metrics import MockVllmMetrics, RequestTiming
 from mock_vllm.types import RequestOutput, StepResult
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from mock_vllm.engine import MockEngine
 
@@ -84,8 +84,10 @@ class _Tracked:
 class EngineDriver:
     """Owns the engine for the server: admits and aborts requests, runs the step loop."""
 
-    def __init__(self, engine: MockEngine, clock: EngineClock, metrics: MockVllmMetrics) -> None:
+    def __init__(self, engine: MockEngine, clock: EngineClock, metrics: MockVllmMetrics,
+                 on_kv_held: Callable[[str, int], None] | None = None) -> None:
         self._engine = engine
+        self._on_kv_held = on_kv_held  # a finished request kept its KV blocks (P/D: `mock_vllm.pd`)
         self._clock = clock
         self._metrics = metrics
         self._tracked: dict[str, _Tracked] = {}
@@ -100,8 +102,13 @@ class EngineDriver:
         return self._failure
 
     def submit(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int,
-               cache_salt: str | None) -> OutputQueue:
+               cache_salt: str | None, hold_kv: bool = False, remote_from_block: int | None = None,
+               arrived_s: float | None = None) -> OutputQueue:
         """Add a request to the engine; its outputs (or an `EngineDead`) arrive on the returned queue.
+
+        ``hold_kv``, ``remote_from_block``: P/D (`MockEngine.add_request`). ``arrived_s``: when the
+        request reached the server, engine seconds, if earlier than now (a decode that pulled its
+        KV first: its TTFT and latencies count from there, as vLLM's decode side counts them).
 
         Raises:
             mock_vllm.engine.PromptTooLong: prompt + max_tokens exceed max_model_len.
@@ -113,10 +120,10 @@ class EngineDriver:
         now_s = self._clock.now_s()
         arrival_s = min(now_s, self._cursor_s) if self._busy else max(now_s, self._cursor_s)  # module docstring
         self._engine.add_request(request_id, prompt_token_ids, max_tokens=max_tokens, arrival_s=arrival_s,
-                                 cache_salt=cache_salt)
+                                 cache_salt=cache_salt, hold_kv=hold_kv, remote_from_block=remote_from_block)
         if not self._busy:
             self._busy, self._cursor_s = True, arrival_s
-        tracked = _Tracked(RequestTiming(arrival_s=arrival_s))
+        tracked = _Tracked(RequestTiming(arrival_s=arrival_s if arrived_s is None else min(arrived_s, arrival_s)))
         self._tracked[request_id] = tracked
         self._wake.set()
         return tracked.outputs
@@ -162,6 +169,8 @@ class EngineDriver:
 
     def _deliver(self, result: StepResult) -> None:
         for output in result.outputs:
+            if output.kv_held_blocks and self._on_kv_held is not None:  # held even if its client left
+                self._on_kv_held(output.request_id, output.kv_held_blocks)
             tracked = self._tracked.get(output.request_id)
             if tracked is None:  # aborted while its step ran
                 continue

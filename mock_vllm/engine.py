@@ -24,6 +24,11 @@ What it models (DESIGN.md §5):
 - Power = idle + (P_max − idle) × the roofline's utilisation; energy accumulates.
 - KV blocks: `router.capacity.kv_cache_blocks` (vLLM's sizing rule, or the override).
 - Every request generates exactly ``max_tokens`` tokens (EOS ignored), so traces replay exactly.
+- P/D (`mock_vllm.pd`, vLLM's NixlConnector): a request added with ``hold_kv`` keeps its blocks
+  referenced when it finishes (the prefill side, until `release_held`); one added with
+  ``remote_from_block`` was pulled from a remote engine from that block on: it is admitted with
+  its whole prompt computed but the last token (recomputed, as vLLM does), the pulled full blocks
+  cached here from then on. The pull itself happens outside the engine (its time is the server's).
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import xxhash
 
+from mock_vllm.engine_request import EngineRequest
 from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, SharedKVPool, prompt_block_hashes
 from mock_vllm.types import EngineConfig, EngineStats, RequestOutput, StepResult
 from router import kappa
@@ -54,34 +59,6 @@ class PromptTooLong(EngineError, ValueError):
 
 class DuplicateRequest(EngineError, ValueError):
     """A request id that is already in the engine."""
-
-
-@dataclass(slots=True, eq=False)  # identity equality: `in`/`remove` on the running list stay cheap
-class _Request:
-    request_id: str
-    prompt_len: int
-    max_tokens: int
-    hashes: list[int]
-    arrival_s: float
-    prefill_target: int = 0  # tokens to prefill before the next token: the prompt, or after a
-    #                          preemption the prompt plus all but the last generated token
-    computed: int = 0  # tokens whose KV exists (cached, prefilled or decoded)
-    generated: int = 0
-    cached_tokens: int = 0  # prefix hit at the latest admission
-    cached_host_tokens: int = 0
-    cached_kv_pool_tokens: int = 0
-    admitted: bool = False  # scheduled at least once (a preempted request is re-admitted)
-    scheduled_s: float | None = None  # start of the step that first scheduled it (engine s)
-    held_hashes: list[int] = field(default_factory=list)  # cached blocks referenced, in order
-    anonymous_blocks: int = 0
-
-    @property
-    def prefilling(self) -> bool:
-        return self.computed < self.prefill_target
-
-    @property
-    def blocks_held(self) -> int:
-        return len(self.held_hashes) + self.anonymous_blocks
 
 
 class MockEngine:
@@ -116,17 +93,22 @@ class MockEngine:
         self.max_model_len_tokens = min(config.max_model_len_tokens or model.max_model_len_tokens,
                                         num_gpu_blocks * self.block_size)
         self.stats = EngineStats(num_gpu_blocks=num_gpu_blocks, num_host_blocks=self.cache.num_host_blocks)
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
-        self._requests: dict[str, _Request] = {}
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: list[EngineRequest] = []
+        self._requests: dict[str, EngineRequest] = {}
+        self._held: dict[str, EngineRequest] = {}  # finished, blocks kept for a remote decode
         self._dynamic_energy_j = 0.0
         self._last_step: StepResult | None = None
         self._start_s: float | None = None
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int,
-                    arrival_s: float, cache_salt: str | None = None) -> None:
+                    arrival_s: float, cache_salt: str | None = None, hold_kv: bool = False,
+                    remote_from_block: int | None = None) -> None:
         """Queue a request; it is scheduled by a later `step`.
+
+        ``hold_kv``: keep its blocks after it finishes (`release_held`); ``remote_from_block``:
+        the prompt's blocks from this one on were pulled from a remote engine (module docstring).
 
         Raises:
             PromptTooLong: prompt + max_tokens > max_model_len (vLLM's message).
@@ -146,8 +128,9 @@ class MockEngine:
             )
         if self._start_s is None:
             self._start_s = arrival_s
-        req = _Request(request_id, prompt_len, max_tokens,
-                       prompt_block_hashes(prompt_token_ids, self.block_size, cache_salt), arrival_s, prompt_len)
+        req = EngineRequest(request_id, prompt_len, max_tokens,
+                       prompt_block_hashes(prompt_token_ids, self.block_size, cache_salt), arrival_s, prompt_len,
+                       hold_kv=hold_kv, remote_from_block=remote_from_block)
         self._requests[request_id] = req
         self._waiting.append(req)
         self._refresh_gauges()
@@ -169,9 +152,28 @@ class MockEngine:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
+    def local_prefix_blocks(self, prompt_token_ids: Sequence[int], cache_salt: str | None) -> int:
+        """Prompt blocks this engine holds now (HBM, host tier or pool; at most prompt − 1 tokens' worth)."""
+        hashes = prompt_block_hashes(prompt_token_ids, self.block_size, cache_salt)
+        return sum(self.cache.match(hashes, (len(prompt_token_ids) - 1) // self.block_size))
+
+    def release_held(self, request_id: str) -> bool:
+        """Free the blocks a finished ``hold_kv`` request kept; False if it holds none (released, expired)."""
+        req = self._held.pop(request_id, None)
+        if req is None:
+            return False
+        self._free(req)
+        self._refresh_gauges()
+        return True
+
+    @property
+    def held_request_ids(self) -> list[str]:
+        """Finished requests whose blocks are kept for a remote decode, oldest first."""
+        return list(self._held)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds blocks, as in vLLM."""
-        if self._running:
+        if self._running or self._held:
             return False
         self.cache.reset()
         return True
@@ -204,7 +206,7 @@ class MockEngine:
         if not self._requests:
             raise RuntimeError("step() with no unfinished requests")
         budget = self.config.max_num_batched_tokens
-        work: list[tuple[_Request, int]] = []  # (request, tokens scheduled this step)
+        work: list[tuple[EngineRequest, int]] = []  # (request, tokens scheduled this step)
         host_bytes = kv_pool_bytes = 0.0
         for req in list(self._running):
             if req not in self._running:
@@ -231,7 +233,7 @@ class MockEngine:
             raise RuntimeError("no request could be scheduled (KV cache too small for the head of the queue)")
         return self._run(now_s, work, host_bytes, kv_pool_bytes)
 
-    def _admit(self, req: _Request, budget: int) -> tuple[_Request, int, float, float] | None:
+    def _admit(self, req: EngineRequest, budget: int) -> tuple[EngineRequest, int, float, float] | None:
         """Find the prefix hit, reference it, allocate the first chunk; None if KV is short.
 
         Returns the request, its tokens this step and the KV bytes it loads from the host
@@ -240,7 +242,10 @@ class MockEngine:
         max_hit_blocks = (req.prefill_target - 1) // self.block_size
         hbm_blocks, host_blocks, kv_pool_blocks = self.cache.match(req.hashes, max_hit_blocks)
         hit = req.hashes[: hbm_blocks + host_blocks + kv_pool_blocks]
-        computed = len(hit) * self.block_size
+        local_tokens = len(hit) * self.block_size
+        # Pulled from a remote engine (P/D): all but the last token is computed (vLLM recomputes it).
+        remote = not req.admitted and req.remote_from_block is not None and len(hit) >= req.remote_from_block
+        computed = req.prefill_target - 1 if remote else local_tokens
         tokens = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + tokens) / self.block_size) - len(hit)
         free = self.cache.num_free_blocks
@@ -252,16 +257,19 @@ class MockEngine:
         req.held_hashes = list(hit)
         req.computed = computed
         req.anonymous_blocks = need
+        if remote:  # the pulled full blocks are this engine's cached blocks from now on
+            self._seal_full_blocks(req, local_tokens)
         if not req.admitted:  # the client is told the first admission's hit (vLLM num_cached_tokens)
             req.admitted = True
             req.cached_tokens = req.computed
             req.cached_host_tokens = host_blocks * self.block_size
             req.cached_kv_pool_tokens = kv_pool_blocks * self.block_size
         s = self.stats
-        loaded_tokens = (host_blocks + kv_pool_blocks) * self.block_size
+        pulled_tokens = req.prompt_len - local_tokens if remote else 0  # vLLM's num_external_computed_tokens
+        loaded_tokens = (host_blocks + kv_pool_blocks) * self.block_size + pulled_tokens
         s.prefix_cache_queries_tokens += req.prefill_target
-        s.prefix_cache_hits_tokens += req.computed
-        if self.cache.num_host_blocks or self.cache.kv_pool is not None:
+        s.prefix_cache_hits_tokens += local_tokens
+        if self.cache.num_host_blocks or self.cache.kv_pool is not None or remote:
             s.external_prefix_cache_queries_tokens += req.prompt_len - hbm_blocks * self.block_size
             s.external_prefix_cache_hits_tokens += loaded_tokens
         s.prompt_tokens_by_source["local_compute"] += req.prefill_target - req.computed
@@ -269,7 +277,7 @@ class MockEngine:
         s.prompt_tokens_by_source["external_kv_transfer"] += loaded_tokens
         return req, tokens, host_blocks * self.block_bytes, kv_pool_blocks * self.block_bytes
 
-    def _grow(self, req: _Request, tokens: int, scheduled: list[tuple[_Request, int]]) -> bool:
+    def _grow(self, req: EngineRequest, tokens: int, scheduled: list[tuple[EngineRequest, int]]) -> bool:
         """Allocate blocks for ``tokens`` more tokens, preempting the newest running requests if needed."""
         need = -(-(req.computed + tokens) // self.block_size) - req.blocks_held
         if need <= 0:  # most decode steps: the last block still has room
@@ -285,7 +293,7 @@ class MockEngine:
                 if victim is req:
                     return False
 
-    def _preempt(self, req: _Request, scheduled: list[tuple[_Request, int]]) -> None:
+    def _preempt(self, req: EngineRequest, scheduled: list[tuple[EngineRequest, int]]) -> None:
         self._running.remove(req)
         self._free(req)
         # Recompute preemption (vLLM v1): prompt and generated tokens are prefilled again.
@@ -295,11 +303,11 @@ class MockEngine:
         self._waiting.appendleft(req)
         self.stats.num_preemptions_total += 1
 
-    def _free(self, req: _Request) -> None:
+    def _free(self, req: EngineRequest) -> None:
         self.cache.release(req.held_hashes, req.anonymous_blocks)
         req.held_hashes, req.anonymous_blocks = [], 0
 
-    def _run(self, now_s: float, work: list[tuple[_Request, int]], host_bytes: float, kv_pool_bytes: float) -> StepResult:
+    def _run(self, now_s: float, work: list[tuple[EngineRequest, int]], host_bytes: float, kv_pool_bytes: float) -> StepResult:
         model, backend = self.backend.model, self.backend
         flops = kv_read = 0.0
         prefill_tokens = decode_tokens = 0
@@ -325,7 +333,7 @@ class MockEngine:
         self._last_step = result
         return result
 
-    def _advance(self, req: _Request, tokens: int) -> RequestOutput | None:
+    def _advance(self, req: EngineRequest, tokens: int) -> RequestOutput | None:
         """Apply a step's progress to one request; the output it produced, if any."""
         before = req.computed
         req.computed += tokens
@@ -339,16 +347,21 @@ class MockEngine:
         req.generated += 1
         self.stats.generation_tokens_total += 1
         finished = req.generated >= req.max_tokens
+        held_blocks = 0
         if finished:
             self._running.remove(req)
-            self._free(req)
+            if req.hold_kv:  # vLLM's request_finished → delay_free_blocks: a remote decode reads them
+                self._held[req.request_id] = req
+                held_blocks = req.blocks_held
+            else:
+                self._free(req)
             del self._requests[req.request_id]
             self.stats.request_success_total["length"] += 1
         return RequestOutput(req.request_id, (token_id,), req.prompt_len, req.cached_tokens,
                              req.cached_host_tokens, req.generated, finished, "length" if finished else None,
-                             req.cached_kv_pool_tokens, req.scheduled_s)
+                             req.cached_kv_pool_tokens, req.scheduled_s, held_blocks)
 
-    def _seal_full_blocks(self, req: _Request, computed_before: int) -> None:
+    def _seal_full_blocks(self, req: EngineRequest, computed_before: int) -> None:
         """Name the prompt blocks this chunk completed by their hashes (they become cacheable)."""
         first = computed_before // self.block_size
         last = min(req.computed, req.prompt_len) // self.block_size

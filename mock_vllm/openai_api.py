@@ -4,7 +4,9 @@ Source: vLLM's ``vllm/entrypoints/openai/protocol.py`` and ``serving_chat.py`` /
 ``serving_completion.py`` (REFERENCE.md §3). What the mock keeps of it:
 
 * Requests are pydantic models that accept unknown fields (vLLM ignores extras such as
-  ``priority``, ``kv_transfer_params``, ``session_id``); wrong types, a missing ``messages``
+  ``priority``, ``session_id``); ``kv_transfer_params`` (an object) drives P/D
+  (`mock_vllm.pd`), and non-streamed answers carry it (``null`` unless a prefill kept its KV
+  for a remote decode), as vLLM's response models do; wrong types, a missing ``messages``
   or ``prompt`` and malformed JSON become 400s with vLLM's error body.
 * ``n`` > 1 is refused with a 400: the mock generates one choice per request.
 * Sampling fields (``temperature``, ``top_p``, ``seed``, …) are type-checked and otherwise
@@ -99,6 +101,7 @@ class GenerationRequest(_Model):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     seed: int | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -200,21 +203,22 @@ class ChunkWriter:
 
 
 def chat_completion(*, response_id: str, created: int, model: str, text: str, finish_reason: str,
-                    usage_info: dict[str, Any]) -> dict[str, Any]:
+                    usage_info: dict[str, Any], kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` body."""
     message = {"role": "assistant", "content": text, "tool_calls": []}
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
     return {"id": response_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage_info, "prompt_logprobs": None}
+            "choices": [choice], "usage": usage_info, "prompt_logprobs": None,
+            "kv_transfer_params": kv_transfer_params}
 
 
 def text_completion(*, response_id: str, created: int, model: str, text: str, finish_reason: str,
-                    usage_info: dict[str, Any]) -> dict[str, Any]:
+                    usage_info: dict[str, Any], kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:
     """A non-streamed ``text_completion`` body."""
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None,
               "prompt_logprobs": None}
     return {"id": response_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage_info}
+            "choices": [choice], "usage": usage_info, "kv_transfer_params": kv_transfer_params}
 
 
 def model_list(*, served_model_name: str, root: str, created: int, max_model_len: int) -> dict[str, Any]:

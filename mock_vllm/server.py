@@ -11,6 +11,9 @@ Routes (REFERENCE.md §3; wire format in `mock_vllm.openai_api`):
 * ``POST /reset_prefix_cache``: 200 with an empty body when the cache was reset; 409 with
   an error body when requests are running and the engine refused (vLLM logs a warning and
   keeps its cache in that case), so a caller knows to retry when idle.
+* P/D, vLLM's NixlConnector protocol: ``kv_transfer_params`` on the generation routes
+  (`mock_vllm.pd`), the side channel and the link-fault knob (`mock_vllm.pd_routes`), the
+  transfer metrics (`mock_vllm.nixl_metrics`).
 
 Every error is vLLM's body ``{"error": {"message", "type", "param", "code"}}``: validation
 errors, a body FastAPI cannot parse (vLLM's ``http_exception_handler``), and a chat that the
@@ -43,6 +46,7 @@ from mock_vllm import tokenizer
 from mock_vllm.driver import EngineClock, EngineDead, EngineDriver
 from mock_vllm.engine import MockEngine, PromptTooLong
 from mock_vllm.metrics import MockVllmMetrics
+from mock_vllm.nixl_metrics import NixlMetrics
 from mock_vllm.openai_api import (
     ApiError,
     ChatCompletionRequest,
@@ -51,10 +55,13 @@ from mock_vllm.openai_api import (
     GenerationRequest,
     chat_completion,
     error_body,
+    error_event,
     model_list,
     text_completion,
     validation_error,
 )
+from mock_vllm.pd import FAILED_LOAD_MESSAGE, PdConnector, PdSettings, remote_prefill_params
+from mock_vllm.pd_routes import routes as pd_routes
 from mock_vllm.streaming import sse_events, until_done_or_disconnect, usage_of
 
 MOCK_VERSION = "0.0.0-mock+kappa"
@@ -68,6 +75,8 @@ class MockServer:
     driver: EngineDriver
     served_model_name: str
     registry: CollectorRegistry
+    clock: EngineClock
+    pd: PdConnector
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, model: str | None) -> None:
@@ -126,8 +135,19 @@ async def _generate(server: MockServer, request: Request, body: GenerationReques
     response_id = ("chatcmpl-" if chat else "cmpl-") + (client_id or uuid.uuid4().hex)
     engine_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if client_id else response_id
     max_tokens = server.max_tokens(body.requested_max_tokens, len(prompt_ids))
+    arrived_s = remote_from_block = None
+    remote = remote_prefill_params(body.kv_transfer_params)
+    if remote is not None:  # P/D decode: pull the KV this engine lacks first (`mock_vllm.pd`)
+        arrived_s = server.clock.now_s()
+        remote_from_block = await server.pd.pull(prompt_ids, body.cache_salt, remote)
+        if remote_from_block is None and server.pd.settings.kv_load_failure_policy == "fail":
+            if body.stream:  # vLLM has sent its 200 by the time the engine reports the failed load
+                return StreamingResponse(iter([error_event(500, FAILED_LOAD_MESSAGE)]), media_type="text/event-stream")
+            raise ApiError(500, FAILED_LOAD_MESSAGE)
+    hold_kv = bool(body.kv_transfer_params and body.kv_transfer_params.get("do_remote_decode"))
     try:
-        outputs = server.driver.submit(engine_id, prompt_ids, max_tokens=max_tokens, cache_salt=body.cache_salt)
+        outputs = server.driver.submit(engine_id, prompt_ids, max_tokens=max_tokens, cache_salt=body.cache_salt,
+                                       hold_kv=hold_kv, remote_from_block=remote_from_block, arrived_s=arrived_s)
     except PromptTooLong as exc:
         raise ApiError(400, str(exc)) from exc
     except EngineDead as exc:
@@ -143,8 +163,11 @@ async def _generate(server: MockServer, request: Request, body: GenerationReques
         return Response(status_code=499)
     text, last = result
     build = chat_completion if chat else text_completion
+    host, port = request.scope.get("server") or ("127.0.0.1", 0)  # where this mock listens: its side channel
+    params = server.pd.transfer_params(engine_id, host, port) if last.kv_held_blocks else None
     return JSONResponse(build(response_id=response_id, created=int(time.time()), model=model, text=text,
-                              finish_reason=last.finish_reason or "length", usage_info=usage_of(last)))
+                              finish_reason=last.finish_reason or "length", usage_info=usage_of(last),
+                              kv_transfer_params=params))
 
 
 @routes.get("/v1/models")
@@ -217,7 +240,7 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float = 1.0,
-               registry: CollectorRegistry | None = None) -> FastAPI:
+               registry: CollectorRegistry | None = None, pd: PdSettings | None = None) -> FastAPI:
     """A new mock vLLM server app over ``engine``.
 
     Args:
@@ -225,19 +248,25 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
         served_model_name: the model name clients send and ``/v1/models`` lists.
         time_scale: wall seconds per engine second, > 0 (0.01 = 100× faster than real time).
         registry: where the metrics go; a fresh `CollectorRegistry` when ``None``.
+        pd: its P/D settings (`mock_vllm.pd.PdSettings`); ``None``: engine id ``mock``, role
+            ``both``, no interconnect (it serves prefills for others, but cannot pull).
 
-    The lifespan starts the engine clock and the driver task, and cancels and awaits the
-    task on shutdown.
+    The lifespan starts the engine clock, the P/D connector (its HTTP client) and the driver
+    task, and stops them in reverse on shutdown.
     """
     registry = registry if registry is not None else CollectorRegistry()
     clock = EngineClock(time_scale)
     metrics_ = MockVllmMetrics(registry, engine, model_name=served_model_name, engine_now_s=clock.now_s)
-    server = MockServer(engine, EngineDriver(engine, clock, metrics_), served_model_name, registry)
+    connector = PdConnector(pd or PdSettings(engine_id="mock"), engine,
+                            NixlMetrics(registry, model_name=served_model_name), time_scale)
+    driver = EngineDriver(engine, clock, metrics_, on_kv_held=connector.on_kv_held)
+    server = MockServer(engine, driver, served_model_name, registry, clock, connector)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         clock.start()
         metrics_.mark_started()
+        await connector.start()
         driver_task = asyncio.create_task(server.driver.run(), name="mock-vllm-engine-driver")
         try:
             yield {"mock": server}
@@ -245,10 +274,13 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
             driver_task.cancel()
             with suppress(asyncio.CancelledError):
                 await driver_task
+            await connector.close()
 
     app = FastAPI(title="mock-vllm", version=MOCK_VERSION, lifespan=lifespan)
     app.state.engine = engine  # for tests and tools holding the app (only the driver steps it)
+    app.state.pd = connector
     app.include_router(routes)
+    app.include_router(pd_routes)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -58,6 +58,8 @@ class RequestOutput:
     the part of it loaded from the host tier, ``cached_kv_pool_tokens`` the part loaded from
     the fleet-shared KV pool. ``scheduled_s``: the start of the step that first scheduled it
     (engine seconds; vLLM's ``scheduled_ts``, where its queue time ends and prefill time begins).
+    ``kv_held_blocks``: on the finishing output of a ``hold_kv`` request, the KV blocks it keeps
+    for a remote decode (vLLM's ``remote_block_ids``); 0 otherwise.
     """
 
     request_id: str
@@ -70,6 +72,7 @@ class RequestOutput:
     finish_reason: str | None = None  # "length" (EOS is ignored) or "abort"
     cached_kv_pool_tokens: int = 0
     scheduled_s: float | None = None
+    kv_held_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,11 +34,13 @@ READY_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.05
 
 
-def worker_command(config: Path, backends: Sequence[BackendEntry], *, time_scale: float) -> list[str]:
-    """The hidden ``mock-fleet-worker`` command line serving ``backends`` of ``config``."""
+def worker_command(config: Path, backends: Sequence[BackendEntry], *, time_scale: float,
+                   flags: Sequence[str] = ()) -> list[str]:
+    """The hidden ``mock-fleet-worker`` command line serving ``backends`` of ``config`` (``flags``:
+    further worker options, e.g. the P/D ones)."""
     ids = [arg for b in backends for arg in ("--backend", b.id)]
     return [sys.executable, "-m", "gateway", "mock-fleet-worker", "--config", str(config),
-            "--time-scale", str(time_scale), *ids]
+            "--time-scale", str(time_scale), *flags, *ids]
 
 
 def local_backends(settings: Settings) -> list[BackendEntry]:
@@ -69,10 +71,13 @@ def _wait_healthy(mocks: Sequence[MockProcess]) -> None:
 
 
 @contextmanager
-def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True) -> Iterator[list[MockProcess]]:
+def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True,
+               worker_flags: Sequence[str] = ()) -> Iterator[list[MockProcess]]:
     """Start the mocks of every local backend, wait until all answer /health, stop them on exit.
 
-    Without ``kv_pool``: one process per backend. With it: one process serving them all.
+    Without ``kv_pool``: one process per backend. With it: one process serving them all. Each
+    mock takes its backend's ``kv_role`` and the config's ``interconnect`` from the config;
+    ``worker_flags`` go to every worker (``--kv-load-failure-policy``, ...).
 
     Raises:
         RuntimeError: a mock exited during start-up (its port taken, a bad setting).
@@ -88,7 +93,8 @@ def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True) -> 
     try:
         for group in groups:
             if group:
-                proc = subprocess.Popen(worker_command(config, group, time_scale=time_scale), stdout=out, stderr=out)
+                proc = subprocess.Popen(worker_command(config, group, time_scale=time_scale, flags=worker_flags),
+                                        stdout=out, stderr=out)
                 mocks.append(MockProcess(proc, tuple(group)))
         _wait_healthy(mocks)
         yield mocks

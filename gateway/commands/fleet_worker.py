@@ -18,6 +18,7 @@ import asyncio
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
 import uvicorn
@@ -34,14 +35,16 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def build_apps(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *,
-               time_scale: float) -> list[FastAPI]:
+               time_scale: float, **pd: Any) -> list[FastAPI]:
     """One mock app per backend (in order); with a ``kv_pool`` section, all on one shared pool.
+    ``pd``: the P/D keywords of `build_backend_app` (``kv_load_failure_policy``, ...).
 
     Raises:
         ValueError: a bad setting (`shared_kv_pool`, `build_backend_app`).
     """
     kv_pool = shared_kv_pool(settings, catalog, backends) if settings.kv_pool is not None else None
-    return [build_backend_app(settings, backend, catalog, time_scale=time_scale, kv_pool=kv_pool) for backend in backends]
+    return [build_backend_app(settings, backend, catalog, time_scale=time_scale, kv_pool=kv_pool, **pd)
+            for backend in backends]
 
 
 class _Server(uvicorn.Server):
@@ -96,7 +99,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def run_fleet(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *, time_scale: float) -> int:
+def run_fleet(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *, time_scale: float,
+              **pd: Any) -> int:
     """Build the mocks of ``backends`` and serve them until a stop signal (blocks).
 
     Returns:
@@ -105,6 +109,6 @@ def run_fleet(settings: Settings, catalog: Catalog, backends: Sequence[BackendEn
     Raises:
         ValueError: a bad setting (`build_apps`).
     """
-    apps = build_apps(settings, catalog, backends, time_scale=time_scale)
+    apps = build_apps(settings, catalog, backends, time_scale=time_scale, **pd)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(serve_all(apps, [b.url for b in backends]))

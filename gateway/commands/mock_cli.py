@@ -21,6 +21,14 @@ from gateway.commands.typer_app import app, load_config
 # uvicorn waits forever for open streams by default (STYLE.md B7); a mock stream is cut after this.
 MOCK_VLLM_GRACEFUL_SHUTDOWN_S = 5.0
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8001
+# P/D (mock_vllm.pd): vLLM's kv_load_failure_policy default and VLLM_NIXL_ABORT_REQUEST_TIMEOUT's.
+KV_LOAD_FAILURE_POLICY_DEFAULT, KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT = "fail", 480.0
+KvLoadFailurePolicy = Annotated[str, typer.Option(
+    "--kv-load-failure-policy", help="P/D: a failed KV pull 'recompute's the prompt locally or 'fail's the request "
+    "(vLLM's kv_load_failure_policy)")]
+KvAbortTimeout = Annotated[float, typer.Option(
+    "--kv-abort-request-timeout-s", min=0.001, help="P/D: modelled seconds a prefill keeps KV for a remote decode "
+    "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")]
 
 
 @app.command("mock-vllm")
@@ -51,6 +59,10 @@ def mock_vllm(
         "--config", "-c", help="serve a backend of this fleet config instead (with --backend)")] = None,
     backend_id: Annotated[str | None, typer.Option("--backend", help="the backend id in --config to impersonate")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level; 'warning' drops access logs")] = "info",
+    kv_role: Annotated[str | None, typer.Option(
+        "--kv-role", help="P/D role: prefill, decode or both (default: the backend's kv_role with --config, else both)")] = None,
+    kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
+    kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
 ) -> None:
     """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE (or a config's backend)."""
     import uvicorn
@@ -67,15 +79,18 @@ def mock_vllm(
             if entry is None:
                 raise typer.BadParameter(f"no backend {backend_id!r} in {config}", param_hint="--backend")
             host, port = host or urlsplit(entry.url).hostname, entry.port if port is None else port
+            entry = entry if kv_role is None else entry.model_copy(update={"kv_role": kv_role})
         else:
             host, port = host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
             settings, entry = standalone_settings(
                 model, hardware, catalog, url=f"http://{host}:{port}", served_model_name=served_model_name,
                 host_tier_gb=host_tier_gb, power_cap_w=power_cap_w, tensor_parallel=tensor_parallel,
                 host_link_gb_s=host_link_gb_s, overlap_host_load=overlap_host_load,
-                num_gpu_blocks_override=num_gpu_blocks_override)
+                num_gpu_blocks_override=num_gpu_blocks_override, kv_role=kv_role or "both")
         app_ = build_backend_app(settings, entry, catalog, time_scale=time_scale, max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max_num_batched_tokens)
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 kv_load_failure_policy=kv_load_failure_policy,
+                                 kv_abort_request_timeout_s=kv_abort_request_timeout_s)
     except ValueError as exc:  # ConfigError (unknown model/hardware, bad value) or an engine that cannot fit
         raise typer.BadParameter(str(exc)) from exc
     uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S,
@@ -86,10 +101,13 @@ def mock_vllm(
 def mock_fleet_cmd(
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")] = Path("config/fleet.local.yaml"),
     time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second (0.01 = 100x faster)")] = 1.0,
+    kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
+    kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
 ) -> None:
     """Start a mock vLLM backend for every local backend in the config; Ctrl-C stops them all.
 
-    With a kv_pool section, one process serves every mock, all on one shared KV pool.
+    With a kv_pool section, one process serves every mock, all on one shared KV pool. Each mock
+    takes its backend's kv_role and the config's interconnect (P/D: vLLM's NixlConnector protocol).
     """
     import signal
     import sys
@@ -98,14 +116,17 @@ def mock_fleet_cmd(
     from gateway.commands.fleet import mock_fleet
 
     settings = load_config(config)
-    with mock_fleet(settings, time_scale=time_scale, quiet=False) as mocks:
+    pd_flags = ["--kv-load-failure-policy", kv_load_failure_policy,
+                "--kv-abort-request-timeout-s", str(kv_abort_request_timeout_s)]
+    with mock_fleet(settings, time_scale=time_scale, quiet=False, worker_flags=pd_flags) as mocks:
         for mock in mocks:
             if settings.kv_pool is not None:
                 typer.echo(f"one process (pid {mock.proc.pid}) serving {len(mock.backends)} mocks that share a "
                            f"{settings.kv_pool.capacity_gb:g} GB KV pool:")
             for backend in mock.backends:
+                role = "" if backend.kv_role == "both" else f", {backend.kv_role}"
                 typer.echo(f"{backend.id}: {backend.hardware} x{backend.tensor_parallel} at {backend.url} "
-                           f"(pid {mock.proc.pid})")
+                           f"(pid {mock.proc.pid}{role})")
         typer.echo("mock fleet up; Ctrl-C to stop")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's `&` job starts with SIGINT ignored
@@ -128,6 +149,8 @@ def mock_fleet_worker(
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
     backend_ids: Annotated[list[str], typer.Option("--backend", help="a backend id of CONFIG to serve (repeatable)")],
     time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second")] = 1.0,
+    kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
+    kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
 ) -> None:
     """Serve the given backends of CONFIG in this one process (on one shared KV pool if it has one)."""
     from gateway.commands.fleet_worker import run_fleet
@@ -139,7 +162,9 @@ def mock_fleet_worker(
         typer.echo(f"error: {config}: no backend {unknown[0]!r}", err=True)
         raise typer.Exit(2)
     try:
-        status = run_fleet(settings, default_catalog(), [by_id[b] for b in backend_ids], time_scale=time_scale)
+        status = run_fleet(settings, default_catalog(), [by_id[b] for b in backend_ids], time_scale=time_scale,
+                           kv_load_failure_policy=kv_load_failure_policy,
+                           kv_abort_request_timeout_s=kv_abort_request_timeout_s)
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {config}: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -17,7 +17,7 @@ BACKENDS = [{"id": "a", "url": "http://127.0.0.1:8001", "model": "llama-3.1-8b",
 EVERY_FIELD = {"id": "h100", "url": "http://127.0.0.1:8009", "model": "served-8b", "hardware": "h100-sxm",
                "power_cap_w": 450.0, "tensor_parallel": 2, "host_tier_gb": 64.0, "host_link_gb_s": 41.0,
                "kv_pool_link_gb_s": 33.0, "overlap_host_load": False, "num_gpu_blocks_override": 1234,
-               "labels": {"role": "power-capped"}}
+               "labels": {"role": "power-capped"}, "kv_role": "decode", "node": "hgx-1"}
 # Fields a mock has no use for: where it listens comes from `url` (the worker binds it), and
 # labels are the operator's (the demo report reads them); every other field shapes the engine.
 NOT_THE_ENGINES = {"id", "url", "labels"}
@@ -33,7 +33,8 @@ def test_a_mock_fleet_backend_honours_every_backend_field_the_gateway_reads() ->
     the configured one."""
     assert set(BackendEntry.model_fields) == set(EVERY_FIELD), "a new backend field: add it here and to the mock"
     settings = parse_settings({"models": {"served-8b": {"profile": "llama-3.1-8b"}},
-                               "kv_pool": {"capacity_gb": 10.0}, "backends": [EVERY_FIELD]}, CATALOG, env={})
+                               "kv_pool": {"capacity_gb": 10.0}, "backends": [EVERY_FIELD],
+                               "interconnect": {"intra_node": {"bandwidth_gb_s": 450}}}, CATALOG, env={})
     entry = settings.backends[0]
     [app] = build_apps(settings, CATALOG, settings.backends, time_scale=0.01)
     engine = engine_of(app)
@@ -45,8 +46,10 @@ def test_a_mock_fleet_backend_honours_every_backend_field_the_gateway_reads() ->
     assert engine.config == engine_config(entry)
     assert engine.config.host_tier_bytes == 64e9 and engine.stats.num_gpu_blocks == 1234
     assert engine.cache.kv_pool is not None
+    pd = app.state.pd.settings  # P/D: its role, its id as its NIXL engine id, its node in the link table
+    assert (pd.kv_role, pd.engine_id, dict(pd.interconnect.nodes)) == ("decode", "h100", {"h100": "hgx-1"})
     honoured = {"model", "hardware", "power_cap_w", "tensor_parallel", "host_tier_gb", "host_link_gb_s",
-                "kv_pool_link_gb_s", "overlap_host_load", "num_gpu_blocks_override"}
+                "kv_pool_link_gb_s", "overlap_host_load", "num_gpu_blocks_override", "kv_role", "node"}
     assert honoured | NOT_THE_ENGINES == set(EVERY_FIELD)
 
 
