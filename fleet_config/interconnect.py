@@ -26,6 +26,12 @@ from pydantic import Field, field_validator
 from fleet_config.sections import StrictSection
 from router.links import Interconnect, Link
 
+DEFAULT_DEGRADED_RATIO = 0.5
+"""A link delivering under half its configured figure is degraded: well past run-to-run noise, well
+short of the 50× a TCP fallback costs against RDMA."""
+DEFAULT_PROBE_INTERVAL_S = 10.0
+"""Seconds before a degraded link is tried again: ten scrape intervals at the default 1 s."""
+
 LinkKindName = Literal["nvlink", "rdma", "tcp"]
 KvRole = Literal["prefill", "decode", "both"]
 """A backend's part in P/D serving: ``prefill`` (vLLM ``kv_role: kv_producer``: prefills, its KV
@@ -75,11 +81,17 @@ class InterconnectSection(StrictSection):
             listed pairs and nodes link).
         intra_node: the link between two backends whose ``node`` is the same.
         links: per-pair links, overriding both.
+        degraded_ratio: a link measured to deliver less than this share of its figure is degraded
+            and carries no split (`gateway.backends.pd_links`), in (0, 1).
+        probe_interval_s: seconds a degraded or broken link waits before a probe lets it carry
+            splits again for one scrape window (> 0).
     """
 
     default: LinkFigures | None = None
     intra_node: LinkFigures | None = None
     links: list[PairLink] = Field(default_factory=list)
+    degraded_ratio: float = Field(default=DEFAULT_DEGRADED_RATIO, gt=0, lt=1)
+    probe_interval_s: float = Field(default=DEFAULT_PROBE_INTERVAL_S, gt=0)
 
     def table(self, nodes: dict[str, str]) -> Interconnect:
         """The router's `Interconnect`, with ``nodes`` (backend id → node name)."""

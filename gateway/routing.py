@@ -163,7 +163,11 @@ class RoutingService:
         def unusable(pairs: frozenset[tuple[str, str]]) -> None:
             self.dispatcher.pd = PdFleet(pd.roles, pd.interconnect, pairs)
 
-        links = self.pd_links = PdLinks(pairs, table, self.telemetry.pd, self.clock, unusable)
+        section = settings.interconnect
+        assert section is not None  # disaggregated
+        links = self.pd_links = PdLinks(pairs, table, self.telemetry.pd, self.clock, unusable,
+                                        {b.id: b.tensor_parallel for b in settings.backends},
+                                        section.degraded_ratio, section.probe_interval_s)
         self.backends.on_scraped = lambda state, previous, current: links.scraped(state.id, previous, current)
 
     # -- parsing -------------------------------------------------------------------------

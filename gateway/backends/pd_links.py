@@ -13,14 +13,14 @@ splits it sent over each link since the last scrape:
   and completed their decode phase, yet the decode engine's transfer metrics are absent or did not
   move ("No Data");
 - **degraded**: over at least ``MIN_TRANSFERS`` transfers, it delivered less than
-  ``DEGRADED_RATIO`` of its configured sustained bandwidth. A window's seconds are shared between
+  ``degraded_ratio`` (default a half) of its configured sustained bandwidth. A window's seconds are shared between
   the links that carried transfers into that decode engine: each other link is charged what its
   own figure (measured, else configured) says its bytes took, the rest is this link's. Latency is
   taken out (``latency_s`` per transfer) so small transfers do not read as a slow link;
 - **healthy**: otherwise (and before any evidence).
 
 A link that is not healthy carries no split (`router.types.PdFleet.unusable`): requests go whole
-to a backend that decodes. Every ``PROBE_INTERVAL_S`` such a link is let through again for one
+to a backend that decodes. Every ``probe_interval_s`` (default 10 s) such a link is let through again for one
 window — the next split the router prices over it is the probe — and is healthy again if that
 window measures it so. Each change of state is logged once, and exported as
 ``gateway_pd_link_state`` (`gateway.telemetry.pd`).
@@ -35,20 +35,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from dispatch import BackendMetrics
+from fleet_config.interconnect import DEFAULT_DEGRADED_RATIO, DEFAULT_PROBE_INTERVAL_S
 from gateway.telemetry.pd import LINK_STATE_VALUES, PdTelemetry
 from router.least_squares import robust_least_squares
 from router.links import Interconnect, Link, LinkHealth
 
 log = logging.getLogger("kappa_gateway.pd_links")
 
-DEGRADED_RATIO = 0.5
-"""A link delivering less than this share of its configured bandwidth is degraded."""
 MIN_TRANSFERS = 3
 """Transfers measured before a link's bandwidth is judged (one transfer can be an outlier)."""
-PROBE_INTERVAL_S = 10.0
-"""Seconds a degraded or broken link carries no split before a probe window lets it through again."""
 DRY_SCRAPES = 2
 """Scrapes with splits expected and no KV-transfer data before a link is called broken ("No Data")."""
+IDLE_SCRAPES = 30
+"""Scrapes without a split of ours after which a decode engine's accumulated transfer figures are dropped."""
 WINDOWS = 32
 """Scrape windows per decode engine the per-link fit keeps (the oldest go first)."""
 GB = 1e9
@@ -90,7 +89,7 @@ class _Pulled:
     # The judged windows, newest last: ({link: GB it carried}, seconds less latency); kept across resets.
     windows: deque[tuple[dict[tuple[str, str], float], float]] = field(default_factory=lambda: deque(maxlen=WINDOWS))
 
-    def add(self, previous: BackendMetrics, current: BackendMetrics) -> None:
+    def add(self, previous: BackendMetrics, current: BackendMetrics, tensor_parallel: int) -> None:
         self.exported = current.kv_transfer_count is not None
         if current.kv_transfer_count is None or previous.kv_transfer_count is None:
             return
@@ -98,13 +97,15 @@ class _Pulled:
             return
         self.count += current.kv_transfer_count - previous.kv_transfer_count
         self.bytes += current.kv_transfer_bytes_total - previous.kv_transfer_bytes_total
-        self.seconds += current.kv_transfer_seconds_total - previous.kv_transfer_seconds_total
+        self.seconds += (current.kv_transfer_seconds_total - previous.kv_transfer_seconds_total) / tensor_parallel
         self.failed += max(current.kv_transfer_failures_total - previous.kv_transfer_failures_total, 0.0)
 
     def idle_scrapes(self) -> bool:
-        """One more scrape without a split of ours: True when what accumulated is too old to match one."""
+        """One more scrape without a split of ours: True when what accumulated is too old to match one
+        (IDLE_SCRAPES). Kept until then: an engine's pull ends before the gateway sees the decode's
+        first byte, so its metrics may move a scrape or two before the gateway counts the split."""
         self.idle += 1
-        return self.idle >= DRY_SCRAPES
+        return self.idle >= IDLE_SCRAPES
 
     def reset(self) -> None:
         self.count = self.bytes = self.seconds = self.failed = 0.0
@@ -144,6 +145,10 @@ class PdLinks:
         telemetry: the P/D metrics.
         clock: monotonic seconds.
         on_change: called with the unusable pairs whenever that set changes.
+        degraded_ratio, probe_interval_s: `fleet_config.interconnect.InterconnectSection`'s.
+        tensor_parallel: decode backend id → its TP ranks. vLLM's NixlConnector records each reading
+            rank's share (bytes / TP) over the whole transfer's duration, so the summed transfer time
+            counts every transfer TP times: the engine's seconds are divided by it (absent: 1).
     """
 
     pairs: Iterable[tuple[str, str]]
@@ -151,6 +156,9 @@ class PdLinks:
     telemetry: PdTelemetry
     clock: Callable[[], float]
     on_change: Callable[[frozenset[tuple[str, str]]], None]
+    tensor_parallel: dict[str, int] = field(default_factory=dict)
+    degraded_ratio: float = DEFAULT_DEGRADED_RATIO
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
     links: dict[tuple[str, str], LinkRecord] = field(init=False)
     _pulled: dict[str, _Pulled] = field(init=False)
 
@@ -186,12 +194,12 @@ class PdLinks:
         if not into:
             return
         pulled = self._pulled.setdefault(decode_id, _Pulled())
-        pulled.add(previous, current)
+        pulled.add(previous, current, self.tensor_parallel.get(decode_id, 1))
         used = [r for r in into if r.window_transfers]
         before = self.unusable()
         if used:
             self._judge(used, pulled)
-        elif pulled.idle_scrapes():  # metrics moved with no split of ours: another gateway's, forgotten in time
+        elif pulled.idle_scrapes():  # long without a split of ours: what moved was another gateway's
             pulled.reset()
         self._probe(into)
         after = self.unusable()
@@ -234,13 +242,13 @@ class PdLinks:
 
     def _unresolved(self, used: list[LinkRecord], pulled: _Pulled) -> None:
         """Several links into one decoder, always together: their shares cannot be told apart. Judged
-        as one: when together they deliver under DEGRADED_RATIO of their figures, none carries splits
+        as one: when together they deliver under ``degraded_ratio`` of their figures, none carries splits
         (the probes then try each)."""
         gb = sum(sum(w.values()) for w, _ in pulled.windows)
         seconds = sum(t for _, t in pulled.windows)
         expected = sum(gb_l * GB / self.links[k].configured.bandwidth_bytes_per_s
                        for w, _ in pulled.windows for k, gb_l in w.items())
-        if seconds > 0 and expected / seconds < DEGRADED_RATIO and all(r.transfers >= MIN_TRANSFERS for r in used):
+        if seconds > 0 and expected / seconds < self.degraded_ratio and all(r.transfers >= MIN_TRANSFERS for r in used):
             for r in used:
                 self._set(r, LinkHealth.DEGRADED, f"the links into {r.decode_id} delivered {gb / seconds:.3g} GB/s "
                           f"together, {expected / seconds:.1%} of their figures; which one is slow cannot be told "
@@ -250,7 +258,7 @@ class PdLinks:
         r.delivered_bytes_per_s = delivered
         self.telemetry.link_delivered.labels(r.prefill_id, r.decode_id).set(delivered)
         ratio = delivered / r.configured.bandwidth_bytes_per_s
-        if ratio < DEGRADED_RATIO:
+        if ratio < self.degraded_ratio:
             self._set(r, LinkHealth.DEGRADED, f"delivers {delivered / 1e9:.3g} GB/s over {r.transfers} transfers, "
                       f"{ratio:.1%} of its configured {r.configured.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
         else:
@@ -265,12 +273,12 @@ class PdLinks:
 
     def _probe(self, into: list[LinkRecord]) -> None:
         """Let one link that is not healthy through, per decode engine at a time (so that its probe's
-        transfers are told apart from the other links'), once it has waited PROBE_INTERVAL_S."""
+        transfers are told apart from the other links'), once it has waited ``probe_interval_s``."""
         now = self.clock()
         if any(r.probing for r in into):
             return
         for r in into:
-            if r.state is not LinkHealth.HEALTHY and now - r.since_s >= PROBE_INTERVAL_S:
+            if r.state is not LinkHealth.HEALTHY and now - r.since_s >= self.probe_interval_s:
                 r.probing = True
                 r.transfers = 0
                 pulled = self._pulled.get(r.decode_id)
@@ -278,7 +286,7 @@ class PdLinks:
                     kept = [w for w in pulled.windows if (r.prefill_id, r.decode_id) not in w[0]]
                     pulled.windows.clear()
                     pulled.windows.extend(kept)
-                log.info("P/D link %s -> %s: probing (%s for %.0fs)", r.prefill_id, r.decode_id, r.state.value,
+                log.info("P/D link %s -> %s: probing (%s for %.1fs)", r.prefill_id, r.decode_id, r.state.value,
                          now - r.since_s)
                 return
 
@@ -295,5 +303,5 @@ class PdLinks:
             log.warning("P/D link %s -> %s healthy again: %s; splits over it resume", r.prefill_id, r.decode_id, reason)
         else:
             log.error("P/D link %s -> %s is %s: %s. No requests are split over it until a probe finds it healthy "
-                      "(every %.0fs); they go whole to a backend that decodes.", r.prefill_id, r.decode_id,
-                      state.value, reason, PROBE_INTERVAL_S)
+                      "(every %gs); they go whole to a backend that decodes.", r.prefill_id, r.decode_id,
+                      state.value, reason, self.probe_interval_s)

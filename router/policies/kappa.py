@@ -42,6 +42,7 @@ YAML::
         decode_weight: 1.0
         interference_weight: 1.0
         ttft_slo_s: 0.0
+        split_overhead_s: 0.005
 """
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ DEFAULT_TTFT_WEIGHT = 1.0
 DEFAULT_DECODE_WEIGHT = 1.0
 # Each second it adds to another request's E2E counts as a second of its own.
 DEFAULT_INTERFERENCE_WEIGHT = 1.0
+# What a split costs that the cost model does not price: a second request through the gateway (its
+# prefill phase's answer is read whole before the decode phase is sent: a loopback round trip is
+# ~1 ms, a cross-node one more) and the decode engine's scheduling of it (vLLM admits a request whose
+# KV has arrived at its next step: half a decode step on average, ~5 ms on a busy 70B decoder). It
+# keeps tiny prompts whole: their prefill is a weights read, a few ms faster on a B200 than on an
+# H100, not worth a second engine.
+DEFAULT_SPLIT_OVERHEAD_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,9 @@ class KappaParams:
         interference_weight: weight (≥ 0) of the seconds it adds to the E2E of the requests
             already on the backend (`router.decode`).
         ttft_slo_s: a TTFT SLO, s (≥ 0; 0: none): candidates predicted within it rank first.
+        split_overhead_s: P/D: seconds a split adds beyond what `router.pd` prices (≥ 0): the
+            prefill phase's own round trip through the gateway, and the decode request's admission
+            at the decode engine's next step boundary once its KV has arrived.
 
     Raises:
         PolicyConfigError: a value out of range (the message names the parameter).
@@ -104,6 +115,7 @@ class KappaParams:
     decode_weight: float = DEFAULT_DECODE_WEIGHT
     interference_weight: float = DEFAULT_INTERFERENCE_WEIGHT
     ttft_slo_s: float = 0.0
+    split_overhead_s: float = DEFAULT_SPLIT_OVERHEAD_S
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         return params_reduce(self)
@@ -112,7 +124,7 @@ class KappaParams:
         ratio, weight = self.energy_tie_ratio, self.work_weight
         require(NAME, "energy_tie_ratio", ratio, 0 <= ratio < 1, "in [0, 1)")
         require(NAME, "work_weight", weight, weight >= 0, ">= 0")
-        for name in ("ttft_weight", "decode_weight", "interference_weight", "ttft_slo_s"):
+        for name in ("ttft_weight", "decode_weight", "interference_weight", "ttft_slo_s", "split_overhead_s"):
             value = getattr(self, name)
             require(NAME, name, value, value >= 0, ">= 0")
         if self.ttft_weight + self.decode_weight + self.work_weight + self.interference_weight == 0:
@@ -223,7 +235,7 @@ class KappaPolicy:
                 if link is None or not dc.admitted:
                     continue
                 split = price_split(features, pc, stalled, dc, dv.spec, decodes[dc.backend_id], link)
-                score = (p.ttft_weight * split.ttft_s + p.decode_weight * split.decode_s
+                score = (p.ttft_weight * (split.ttft_s + p.split_overhead_s) + p.decode_weight * split.decode_s
                          + p.work_weight * split.work_s + p.interference_weight * split.interference_s)
                 if best_split is None or score < best_split_score:
                     best_split, best_split_score = split, score

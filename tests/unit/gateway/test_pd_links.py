@@ -6,7 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from dispatch import BackendMetrics
-from gateway.backends.pd_links import DRY_SCRAPES, MIN_TRANSFERS, PROBE_INTERVAL_S, PdLinks
+from fleet_config.interconnect import DEFAULT_PROBE_INTERVAL_S as PROBE_INTERVAL_S
+from gateway.backends.pd_links import DRY_SCRAPES, MIN_TRANSFERS, PdLinks
 from gateway.telemetry.pd import PdTelemetry
 from router.links import Interconnect, Link, LinkHealth
 
