@@ -60,8 +60,7 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
     queries = hits = prompt = generation = succeeded = 0.0
     prefill_count: float | None = None
     prefill_sum = 0.0
-    xfer_count: float | None = None
-    xfer_s = xfer_bytes = xfer_failed = 0.0
+    xfer: dict[str, float] = {}  # the KV connector's samples (P/D), by name
     for family in families:
         for sample in family.samples:
             name = sample.name
@@ -91,14 +90,7 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
             elif name == "vllm:request_prefill_time_seconds_sum":
                 prefill_sum += sample.value
             elif name.startswith("vllm:nixl_"):
-                if name == "vllm:nixl_xfer_time_seconds_count":
-                    xfer_count = (xfer_count or 0.0) + sample.value
-                elif name == "vllm:nixl_xfer_time_seconds_sum":
-                    xfer_s += sample.value
-                elif name == "vllm:nixl_bytes_transferred_sum":
-                    xfer_bytes += sample.value
-                elif name == "vllm:nixl_num_failed_transfers_total":
-                    xfer_failed += sample.value
+                xfer[name] = xfer.get(name, 0.0) + sample.value
     return BackendMetrics(
         num_requests_waiting=int(waiting),
         num_requests_running=int(running),
@@ -113,10 +105,10 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
         requests_succeeded_total=succeeded,
         prefill_time_count=prefill_count,
         prefill_time_sum_s=prefill_sum,
-        kv_transfer_count=xfer_count,
-        kv_transfer_seconds_total=xfer_s,
-        kv_transfer_bytes_total=xfer_bytes,
-        kv_transfer_failures_total=xfer_failed,
+        kv_transfer_count=xfer.get("vllm:nixl_xfer_time_seconds_count"),
+        kv_transfer_seconds_total=xfer.get("vllm:nixl_xfer_time_seconds_sum", 0.0),
+        kv_transfer_bytes_total=xfer.get("vllm:nixl_bytes_transferred_sum", 0.0),
+        kv_transfer_failures_total=xfer.get("vllm:nixl_num_failed_transfers_total", 0.0),
     )
 
 

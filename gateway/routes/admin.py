@@ -154,10 +154,9 @@ async def backends(gw: State) -> dict:
     }
     peers = None if gw.peers is None else {"replica_id": gw.peers.id, "replicas_seen": gw.peers.replicas_seen,
                                            "sync_interval_s": gw.peers.interval_s}
-    links = gw.routing.pd_links
-    pd_links = None if links is None else [r.as_dict() for r in links.links.values()]
     return {"backends": out, "policy": gw.settings.routing.policy, "index": gw.settings.index.backend,
-            "kv_pool": kv_pool, "peers": peers, "panic_mode": dict(gw.backends.rotation.panic), "pd_links": pd_links}
+            "kv_pool": kv_pool, "peers": peers, "panic_mode": dict(gw.backends.rotation.panic),
+            "pd_links": None if gw.routing.pd_links is None else [r.as_dict() for r in gw.routing.pd_links.links.values()]}
 
 
 @kappa_routes.post("/route")
