@@ -1,7 +1,10 @@
 """Fault injection under load: what clients see when a backend, Redis or the gateway fails (issues 12, 16).
 
     python bench/faults.py [--quick] [--json] [--out FILE] [--legacy-config] [--faults a,b,...]
-                           [--time-scale S] [--tree DIR] [--logdir DIR]
+                           [--time-scale S] [--tree DIR] [--logdir DIR] [--pd]
+
+``--pd`` (issue 26): a P/D fleet (two prefill mocks, two decode mocks, an interconnect), long fresh
+prompts the gateway splits, and faults on each phase instead of those below (`faults_pd.py`).
 
 Starts, as its own children on 127.0.0.1 (ended by pid when it ends, also on Ctrl-C or
 SIGTERM; anything stopped gets SIGCONT first), a ``redis-server`` (``--save "" --appendonly
@@ -98,9 +101,11 @@ from pathlib import Path
 import aiohttp
 from faults_blip import health_blip
 from faults_fleet import Fleet, redis_pings
-from faults_load import CLASSES, Bodies, Load, Window, busiest_backend, summarize
+from faults_load import Bodies, Load, Window, busiest_backend, summarize, table
+from faults_pd import (PD_FAULTS, PD_INTERCONNECT, PdBodies, client_disconnect_prefill, decode_kill9, decode_sigstop,
+                       link_fail, link_slow, pd_backends, pd_mock_args, prefill_kill9, prefill_sigstop, split_share)
 from faults_probe import PROBE_MODEL, PROBE_THINK_S, Probe, probe_report
-from faults_upgrade import FLOOD_NOTES, flood_gateway_keys, upgrade_flood
+from faults_upgrade import flood_gateway_keys, upgrade_flood
 
 import hot_path
 
@@ -152,17 +157,21 @@ def gateway_section(port: int, legacy: bool) -> dict:
     return {k: v for k, v in section.items() if not (legacy and k in NEW_GATEWAY_KEYS)}
 
 
-def gateway_config(port: int, backend_ports: list[int], redis_url: str, legacy: bool, stub_port: int) -> dict:
-    """The gateway's config: the mocks serve MODEL, the probe's stub alone serves PROBE_MODEL."""
+def gateway_config(port: int, backend_ports: list[int], redis_url: str, legacy: bool, stub_port: int,
+                   pd: bool = False) -> dict:
+    """The gateway's config: the mocks serve MODEL, the probe's stub alone serves PROBE_MODEL; ``pd``:
+    the P/D fleet's roles and interconnect (`faults_pd`), which the mocks also read."""
+    mocks = pd_backends(backend_ports) if pd else [
+        {"id": f"b{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL, "hardware": HARDWARE}
+        for i, p in enumerate(backend_ports)]
     return {"gateway": gateway_section(port, legacy),
             "index": {"backend": "redis", "redis_url": redis_url, "key_prefix": "faults", "timeout_s": INDEX_TIMEOUT_S,
                       "block_size_tokens": 64, "bytes_per_token": 4.0},
             "routing": {"policy": "kappa", "seed": 0},
             **({} if legacy else {"outlier_detection": {"base_ejection_time_s": 5.0}}),
             "models": {PROBE_MODEL: {"profile": MODEL}},
-            "backends": [{"id": f"b{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL, "hardware": HARDWARE}
-                         for i, p in enumerate(backend_ports)]
-            + [{"id": "probe", "url": f"http://127.0.0.1:{stub_port}", "model": PROBE_MODEL, "hardware": HARDWARE}]}
+            **({"interconnect": PD_INTERCONNECT} if pd else {}),
+            "backends": mocks + [{"id": "probe", "url": f"http://127.0.0.1:{stub_port}", "model": PROBE_MODEL, "hardware": HARDWARE}]}
 
 
 class Run:
@@ -171,8 +180,8 @@ class Run:
     def __init__(self, args: argparse.Namespace, fleet: Fleet) -> None:
         self.args, self.fleet, self.t = args, fleet, args.timing
         self.started = time.monotonic()
-        self.load = Load(fleet.url + "/v1/chat/completions", Bodies(MODEL, seed=0), WORKERS, THINK_S, CAP_S,
-                         self.clock, seed=0)
+        bodies = PdBodies(MODEL, seed=0) if args.pd else Bodies(MODEL, seed=0)
+        self.load = Load(fleet.url + "/v1/chat/completions", bodies, WORKERS, THINK_S, CAP_S, self.clock, seed=0)
         self.probe = Probe(fleet.url + "/v1/chat/completions", self.clock)
         self.windows: list[Window] = []
         self.counters: dict[str, tuple] = {}
@@ -181,6 +190,9 @@ class Run:
         return time.monotonic() - self.started
 
     upgrade_flood = upgrade_flood  # faults_upgrade.py
+    prefill_kill9, prefill_sigstop, decode_kill9, decode_sigstop = prefill_kill9, prefill_sigstop, decode_kill9, \
+        decode_sigstop  # faults_pd.py, as the next three
+    link_fail, link_slow, client_disconnect_prefill = link_fail, link_slow, client_disconnect_prefill
 
     async def run(self) -> list[dict]:
         self.load.start()
@@ -196,7 +208,7 @@ class Run:
                 self.counters[name] = (before, await self.fleet.counters())
                 self.windows.append(w)
                 print(f"[{self.clock():6.1f}s] {name} done", file=sys.stderr, flush=True)
-                if w.name == "backend_kill9":  # restart after the window: the next fault sees the whole fleet
+                if w.name.endswith("_kill9"):  # restart after the window: the next fault sees the whole fleet
                     self.fleet.start_backend(w.notes["victim"])
             finished = True
         finally:
@@ -207,8 +219,10 @@ class Run:
     def _result(self, w: Window) -> dict:
         out = summarize(self.load.records, w)
         before, after = self.counters[w.name]
-        for key in ("index_errors", "retries"):
+        for key in ("index_errors", "retries", *(("splits", "prefill_fallbacks") if self.args.pd else ())):
             out[key] = None if before is None or after is None else after[key] - before[key]
+        if self.args.pd:
+            out["split_share"] = split_share(self.load.records, w)
         if w.name != "gateway_sigterm":  # nothing to come back to after it
             lifted = w.notes.get("resumed_s", w.notes.get("restarted_s"))
             out["probe"] = probe_report(self.probe.samples, w.pre_start, w.t0,
@@ -307,35 +321,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="also write the JSON to this file")
     p.add_argument("--legacy-config", action="store_true",
                    help=f"omit the keys today's gateway does not know ({', '.join(NEW_GATEWAY_KEYS)})")
-    p.add_argument("--faults", default=",".join(FAULTS), help="comma list, run in this order "
-                   "(gateway_sigterm always last)")
+    p.add_argument("--faults", help="comma list, run in this order (gateway_sigterm always last; default: all "
+                   "of the mode's)")
+    p.add_argument("--pd", action="store_true", help="a P/D fleet and faults on each phase (faults_pd.py): "
+                   + ", ".join(PD_FAULTS))
     p.add_argument("--time-scale", type=float, default=0.2, help="the mocks' wall seconds per modelled second")
     p.add_argument("--tree", type=Path, default=ROOT, help="source tree whose `python -m gateway` runs the mocks "
                    "and the gateway (default: this one), e.g. a `git archive` export of a commit")
     p.add_argument("--logdir", type=Path, help="keep the children's logs here (default: a temporary directory)")
     args = p.parse_args(argv)
-    faults = [f for f in args.faults.split(",") if f]
-    unknown = sorted(set(faults) - set(FAULTS))
+    known = PD_FAULTS if args.pd else FAULTS
+    faults = [f for f in (args.faults or ",".join(known)).split(",") if f]
+    unknown = sorted(set(faults) - set(known))
     if unknown:
-        p.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+        p.error(f"unknown faults {unknown}; known{' with --pd' * args.pd}: {', '.join(known)}")
     args.faults = [f for f in faults if f != "gateway_sigterm"] + (["gateway_sigterm"] * ("gateway_sigterm" in faults))
     args.timing = QUICK if args.quick else FULL
     return args
-
-
-NOTE_KEYS = ("victim", "resumed_s", "restarted_s", "p50_back_s", "ok_latency_max_s", "exit_code", "exit_s",
-             "load_stopped_s", *FLOOD_NOTES)
-
-
-def table(report: dict) -> str:
-    """A Markdown table: the classes, recovery and counters per fault, and its notes."""
-    cols = ("sent", *CLASSES, "recovery_s", "refused", "index_errors", "retries")
-    lines = ["| fault | " + " | ".join(cols) + " | notes |", "|---" * (len(cols) + 2) + "|"]
-    for name, row in report["faults"].items():
-        notes = {k: v for k, v in row.items() if k in NOTE_KEYS}
-        cells = ["–" if row[c] is None else f"{row[c]:g}" if isinstance(row[c], float) else str(row[c]) for c in cols]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {json.dumps(notes)} |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -344,13 +346,15 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         workdir = args.logdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kappa-faults-")))
         workdir.mkdir(parents=True, exist_ok=True)
+        mock_args = pd_mock_args(str(workdir / "gateway.yaml"), args.time_scale) if args.pd else [
+            "--model", MODEL, "--hardware", HARDWARE, "--time-scale", str(args.time_scale), "--log-level", "warning"]
         fleet = Fleet(workdir, args.tree, lambda port, ports, redis_url, stub_port: gateway_config(
-            port, ports, redis_url, args.legacy_config, stub_port), n_backends=N_BACKENDS, mock_args=[
-            "--model", MODEL, "--hardware", HARDWARE, "--time-scale", str(args.time_scale), "--log-level", "warning"])
+            port, ports, redis_url, args.legacy_config, stub_port, args.pd), n_backends=N_BACKENDS, mock_args=mock_args)
         stack.callback(fleet.children.end_all)  # also on Ctrl-C / SIGTERM: SIGCONT, then end each child by pid
         results = asyncio.run(_main(args, fleet))
     report = {"faults": dict(zip(args.faults, results, strict=True)),
-              "config": {"tree": str(args.tree), "legacy_config": args.legacy_config, "quick": args.quick,
+              "config": {"tree": str(args.tree), "legacy_config": args.legacy_config, "quick": args.quick, "pd": args.pd,
+                         **({"backends": fleet.config["backends"], "interconnect": PD_INTERCONNECT} if args.pd else {}),
                          "gateway": fleet.config["gateway"], "index_timeout_s": INDEX_TIMEOUT_S,
                          "mock_time_scale": args.time_scale, "workers": WORKERS, "think_s": THINK_S,
                          "client_cap_s": CAP_S, "ready_probe_s": READY_POLL_S, "probe_think_s": PROBE_THINK_S,

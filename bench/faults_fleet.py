@@ -130,10 +130,11 @@ class Fleet:
     """Redis, the mocks, the probe's stub and the gateway, as children of this process; HTTP probes on them."""
 
     def __init__(self, workdir: Path, tree: Path, make_config: Callable[[int, list[int], str, int], dict], *,
-                 n_backends: int, mock_args: list[str]) -> None:
+                 n_backends: int, mock_args: list[str] | Callable[[str], list[str]]) -> None:
         """``make_config(gateway_port, backend_ports, redis_url, stub_port)`` gives the gateway's
-        config (the stub is one more backend, `faults_probe`'s); ``mock_args`` are the options of
-        every ``python -m gateway mock-vllm`` but its port."""
+        config (the stub is one more backend, `faults_probe`'s), written to `config_path` before
+        any child starts; ``mock_args`` are the options of every ``python -m gateway mock-vllm``
+        but its port, or backend name → its options (a mock started from that config: P/D)."""
         self.workdir, self.tree, self.mock_args, self.n_backends = workdir, tree, mock_args, n_backends
         self.children = Children(workdir)
         self.redis_port, self.gateway_port, self.stub_port = free_port(), free_port(), free_port()
@@ -141,6 +142,7 @@ class Fleet:
         self.config = make_config(self.gateway_port, self.backend_ports, f"redis://127.0.0.1:{self.redis_port}/0",
                                   self.stub_port)
         self.url = f"http://127.0.0.1:{self.gateway_port}"
+        self.config_path = workdir / "gateway.yaml"
         self.http: aiohttp.ClientSession | None = None
 
     def start_redis(self) -> None:
@@ -150,12 +152,17 @@ class Fleet:
 
     def start_backend(self, name: str) -> None:
         port = self.backend_ports[int(name[1:])]
-        self.children.start(name, [sys.executable, "-m", "gateway", "mock-vllm", *self.mock_args, "--port", str(port)],
+        args = self.mock_args(name) if callable(self.mock_args) else self.mock_args
+        self.children.start(name, [sys.executable, "-m", "gateway", "mock-vllm", *args, "--port", str(port)],
                             self.tree)
+
+    def backend_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.backend_ports[int(name[1:])]}"
 
     async def start(self) -> None:
         """Redis first (the gateway connects at start-up), then the mocks and the gateway; poll until ready."""
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
+        self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
         self.start_redis()
         await self.wait_process("redis", lambda: redis_pings(self.redis_port))
         for i in range(self.n_backends):
@@ -170,9 +177,7 @@ class Fleet:
         self.children.start("stub", [sys.executable, str(bench / "upstream_stub.py"), "--port", str(self.stub_port)],
                             bench.parent, env={**os.environ, "PYTHONPATH": str(bench.parent)})
         await self.wait_process("stub", lambda: self.get_ok(f"http://127.0.0.1:{self.stub_port}/health"))
-        path = self.workdir / "gateway.yaml"
-        path.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        self.children.start("gateway", [sys.executable, "-m", "gateway", "serve", "--config", str(path),
+        self.children.start("gateway", [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path),
                                         "--log-level", "warning"], self.tree)
         await self.wait_process("gateway", lambda: self.get_ok(self.url + "/ready"))
         await self.wait_whole()
@@ -199,9 +204,11 @@ class Fleet:
         await self.wait_process("gateway", whole)
 
     async def counters(self) -> dict[str, float] | None:
-        """Sums of the gateway's index-error and retry counters; None if it does not answer."""
-        out = {"index_errors": 0.0, "retries": 0.0}
-        names = {"gateway_index_errors_total": "index_errors", "gateway_upstream_retries_total": "retries"}
+        """Sums of the gateway's index-error, retry and P/D split and prefill-fallback counters; None if
+        it does not answer."""
+        out = {"index_errors": 0.0, "retries": 0.0, "splits": 0.0, "prefill_fallbacks": 0.0}
+        names = {"gateway_index_errors_total": "index_errors", "gateway_upstream_retries_total": "retries",
+                 "gateway_pd_splits_total": "splits", "gateway_pd_prefill_fallbacks_total": "prefill_fallbacks"}
         try:
             async with self.http.get(self.url + "/metrics") as resp:
                 text = await resp.text()

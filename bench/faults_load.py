@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
+from faults_upgrade import FLOOD_NOTES
 
 CLASSES = ("ok", "clear_error", "truncated", "hung")
 # A 1-s bin counts as recovered throughput at this share of the pre-fault ok completions per second.
@@ -59,6 +60,7 @@ class Record:
     status: int | None = None
     detail: str = ""  # the client-side exception, if any ("refused" for a refused connection)
     backend: str | None = None  # x-kappa-backend
+    prefill_backend: str | None = None  # x-kappa-prefill-backend: a split request's (P/D)
     unclean_end: bool = False  # complete SSE content, but the HTTP body was cut, not terminated
 
 
@@ -122,6 +124,7 @@ class Load:
         self._tasks: list[asyncio.Task] = []
         self._session: aiohttp.ClientSession | None = None
         self._n = 0
+        self.in_flight = 0
         self.streams: dict[int, str | None] = {}  # streams in flight: request number -> backend once known
 
     def start(self) -> None:
@@ -131,6 +134,14 @@ class Load:
 
     def close_gate(self) -> None:
         self._open.clear()
+
+    def open_gate(self) -> None:
+        self._open.set()
+
+    async def drained(self) -> None:
+        """Until no request is in flight (each is bounded by cap_s)."""
+        while self.in_flight:
+            await asyncio.sleep(0.01)  # polling the bench's own bookkeeping
 
     async def wait_stream(self, backend: str | None, timeout_s: float = 3.0) -> int:
         """Until a stream is in flight (on ``backend``, from its response headers, if given); their count.
@@ -171,28 +182,31 @@ class Load:
         n = self._n
         headers = {"content-type": "application/json", "x-request-id": f"faults-{n}"}
         sent = self.clock()
-        status, backend, buf, detail = None, None, bytearray(), ""
+        status, backend, prefill, buf, detail = None, None, None, bytearray(), ""
         if stream:
             self.streams[n] = None
+        self.in_flight += 1
         try:
             async with asyncio.timeout(self.cap_s):
                 async with self._session.post(self.url, data=body, headers=headers) as resp:
                     status, backend = resp.status, resp.headers.get("x-kappa-backend")
+                    prefill = resp.headers.get("x-kappa-prefill-backend")
                     if stream:
                         self.streams[n] = backend
                     async for chunk in resp.content.iter_any():
                         buf += chunk
         except TimeoutError:
-            return Record(stream, sent, self.clock(), "hung", status, "client cap", backend)
+            return Record(stream, sent, self.clock(), "hung", status, "client cap", backend, prefill)
         except aiohttp.ClientConnectorError:
             detail = "refused"
         except aiohttp.ClientError as exc:
             detail = type(exc).__name__
         finally:
             self.streams.pop(n, None)
+            self.in_flight -= 1
         cls = classify(stream, status, bytes(buf))
         unclean = bool(detail) and status is not None and cls != "truncated"
-        return Record(stream, sent, self.clock(), cls, status, detail, backend, unclean)
+        return Record(stream, sent, self.clock(), cls, status, detail, backend, prefill, unclean)
 
 
 @dataclass
@@ -267,3 +281,19 @@ def ok_per_bin(records: list[Record], w: Window) -> list[tuple[float, float, int
         hi = w.end if i == n - 1 else lo + RECOVERY_BIN_S
         out.append((lo, hi, sum(lo <= r.done < hi and r.cls == "ok" for r in records)))
     return out
+
+
+NOTE_KEYS = ("victim", "resumed_s", "restarted_s", "p50_back_s", "ok_latency_max_s", "exit_code", "exit_s",
+             "load_stopped_s", *FLOOD_NOTES, "split_share", "splits", "prefill_fallbacks",
+             "disconnected_in_prefill", "running_zero_s", "held_after_abort_timeout")
+
+
+def table(report: dict) -> str:
+    """A Markdown table: the classes, recovery and counters per fault, and its notes."""
+    cols = ("sent", *CLASSES, "recovery_s", "refused", "index_errors", "retries")
+    lines = ["| fault | " + " | ".join(cols) + " | notes |", "|---" * (len(cols) + 2) + "|"]
+    for name, row in report["faults"].items():
+        notes = {k: v for k, v in row.items() if k in NOTE_KEYS}
+        cells = ["–" if row[c] is None else f"{row[c]:g}" if isinstance(row[c], float) else str(row[c]) for c in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {json.dumps(notes)} |")
+    return "\n".join(lines)

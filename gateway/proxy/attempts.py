@@ -26,6 +26,11 @@ As Envoy's router does (``retry_on``, ``num_retries``, ``per_try_timeout``, the 
   the backend's outlier ejection (`gateway.backends.rotation`); a complete answer (the relay)
   starts its count again.
 - **Each attempt has its own X-Request-Id** (`gateway.upstream.request.attempt_request_id`).
+- **A split request's decode phase** (`gateway.proxy.disagg`) is the first attempt. A streamed one
+  whose first event is an error event (vLLM's answer when the KV pull failed under
+  ``kv_load_failure_policy: fail``: its 200 is sent before the engine reports the failed load) is
+  a 5xx before the first byte, like the non-streamed answer's 500: the request goes whole to the
+  next backend instead of ending on that error.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.backends.kappa_feed import DispatchTiming
+from gateway.proxy.sse import leading_error
 from gateway.state import GatewayState
 from gateway.upstream.request import Bound, attempt_request_id, open_response
 from router.types import Candidate
@@ -168,6 +174,10 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         down = None if last else gw.backends.down_signal(state)  # nowhere to move to: health alone never cuts it
         try:
             resp, first, headers_s = await first_of(attempt, watch.signal, down, gw.stopping_signal(), state.id)
+            if decode_phase and stream and resp.status == 200 and (message := leading_error(first)) is not None:
+                resp.close()  # its KV never arrived (module docstring): nothing reached the client yet
+                raise UpstreamStatus(f"the decode phase's stream began with an error event: {message}",
+                                     upstream_status=500)
         except UpstreamError as exc:
             ticket.finish()  # the ledger and the in-flight chain are released on every path
             if not decode_phase:

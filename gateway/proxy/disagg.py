@@ -15,7 +15,10 @@ Guarantees, as for an aggregated request (`gateway.proxy.attempts`):
 
 - the prefill phase runs under the request's one first-byte deadline and watches the client: a
   client that leaves cancels it (the prefill instance aborts the request, freeing its KV) and no
-  decode phase is sent;
+  decode phase is sent; it also watches the prefill backend: one that leaves rotation (failed
+  health checks, an ejection; a SIGSTOPped instance) ends the phase at once, a failure like any
+  other (the decode backend is always left to fall back to), instead of holding the request until
+  the deadline;
 - a prefill phase that fails (no connection, reset, 5xx, a timeout, a 4xx, or an answer without
   ``kv_transfer_params``: an instance without a connector) is counted against the prefill backend
   (its outlier ejection, as any upstream failure) and the request goes **whole** to the decode
@@ -151,8 +154,11 @@ async def _prefill(gw: GatewayState, state: BackendState, payload: bytes, header
     attempt = asyncio.ensure_future(open_response(gw.session, state.entry.url + path, payload, up_headers,
                                                   headers_bound=whole, first_byte_bound=Bound(idle_s, idle=True),
                                                   clock=gw.clock))
+    # The decode backend is always left to fall back to: a prefill backend leaving rotation (a SIGSTOPped
+    # one fails its health checks) ends the phase then, not at the deadline, as `first_byte` moves an attempt.
+    down = gw.backends.down_signal(state)
     try:
-        resp, first, _ = await first_of(attempt, watch.signal, None, gw.stopping_signal(), state.id)
+        resp, first, _ = await first_of(attempt, watch.signal, down, gw.stopping_signal(), state.id)
     except UpstreamError as exc:
         account_failure(gw, state, exc)
         raise PrefillFailed(exc.retry_kind, exc.message) from exc

@@ -125,6 +125,25 @@ def _events(block: bytes) -> list[bytes]:
     return events
 
 
+def leading_error(first: bytes) -> str | None:
+    """The message of the error event a stream's first bytes open with (vLLM's failed request:
+    ``data: {"error": …}``, then ``[DONE]``), or ``None`` when they open with anything else or
+    their first event is not complete yet."""
+    if not first.lstrip().startswith(b"data:"):
+        return None
+    cut = max(first.rfind(b"\n\n"), first.rfind(b"\r\n\r\n"), first.rfind(b"\r\r"))
+    events = _events(first[:cut] + b"\n\n") if cut >= 0 else []
+    if not events:
+        return None
+    try:
+        obj = orjson.loads(events[0])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("error"), dict):
+        return None
+    return str(obj["error"].get("message", "an error event"))
+
+
 def _has_content(obj: dict[str, Any]) -> bool:
     for choice in obj.get("choices") or ():
         if not isinstance(choice, dict):
