@@ -12,8 +12,8 @@ which the κ policy splits (prefill on a B200, decode on an H100); the report gi
 The faults (each in its own window, as the aggregated ones; `faults.py`'s docstring):
 
 - ``prefill_kill9`` / ``prefill_sigstop``: SIGKILL / SIGSTOP (for ``backend_stop_s``) the prefill
-  backend that prefilled most requests before t0, once its ``vllm:num_requests_running`` shows a
-  prefill phase in flight (up to 3 s). Split requests fall back to aggregated on their decode
+  backend that prefilled most requests before t0, once the gateway has a request in flight there
+  (``gateway_in_flight_requests``: a prefill phase, or a decode pulling its KV; up to 3 s). Split requests fall back to aggregated on their decode
   backend; a stopped one leaves rotation after its failed health checks. The killed one is
   restarted after the window.
 - ``decode_kill9`` / ``decode_sigstop``: the same on the decode backend that answered most, once a
@@ -23,10 +23,10 @@ The faults (each in its own window, as the aggregated ones; `faults.py`'s docstr
   event), which the gateway retries whole or relays as a clear error.
 - ``link_slow``: the same with ``delivered_gb_s`` 1 (a fiftieth of the configured figure).
 - ``client_disconnect_prefill``: the load's gate is closed and its requests drain, then
-  `DISCONNECTS` clients each send a fresh long prompt and disconnect once a prefill mock runs it
-  (its prefill phase in flight). Notes: ``disconnected_in_prefill``, ``running_zero_s`` (from the
-  last disconnect until every mock's ``vllm:num_requests_running`` is 0; null if not within
-  `ZERO_WITHIN_S`), ``held_after_abort_timeout`` (their request ids still in a prefill mock's
+  `DISCONNECTS` clients each send a fresh long prompt and disconnect once the gateway has it in
+  flight on a prefill backend (its prefill phase). Notes: ``disconnected_in_prefill``,
+  ``running_zero_s`` (from the last disconnect until every mock's ``vllm:num_requests_running``
+  and the gateway's ``gateway_in_flight_requests`` are 0; null if not within `ZERO_WITHIN_S`), ``held_after_abort_timeout`` (their request ids still in a prefill mock's
   ``GET /kappa/nixl/meta`` ``held_request_ids`` once the abort timeout has passed: must be 0). The
   gate then reopens; this window's ``sent`` counts the load's requests only.
 
@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-import sys
 import time
 from typing import Any
 
@@ -107,18 +106,32 @@ async def mock_metric(http: aiohttp.ClientSession, url: str, name: str) -> float
                if line.split("{", 1)[0].split(" ", 1)[0] == name)
 
 
-async def wait_running(run: Any, name: str, timeout_s: float = 3.0) -> bool:
-    """Until backend ``name`` runs a request (a prefill mock: a prefill phase in flight); False after timeout_s."""
-    url = run.fleet.backend_url(name)
+async def in_flight(run: Any, names: tuple[str, ...]) -> float:
+    """The gateway's ``gateway_in_flight_requests`` summed over backends ``names`` (a prefill backend's:
+    split requests whose prefill phase runs there, or whose decode is pulling its KV)."""
+    async with run.fleet.http.get(run.fleet.url + "/metrics") as resp:
+        text = await resp.text()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("gateway_in_flight_requests{") and any(f'backend="{n}"' in line for n in names):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def wait_in_flight(run: Any, names: tuple[str, ...], timeout_s: float = 3.0) -> bool:
+    """Until the gateway has a request in flight on one of ``names``; False after ``timeout_s``
+    (0: look once). The mocks' own ``vllm:num_requests_running`` misses a one-step prefill: the
+    engine finishes it at the step's start and the driver then sleeps out the step."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         try:
-            if await mock_metric(run.fleet.http, url, "vllm:num_requests_running") > 0:
+            if await in_flight(run, names) > 0:
                 return True
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            print(f"wait_running {name}: {exc!r}", file=sys.stderr, flush=True)
-        await asyncio.sleep(0.005)  # polling the mock
-    return False
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.005)  # polling the gateway
 
 
 def busiest(records: list, since: float, names: tuple[str, ...], attr: str) -> str:
@@ -129,7 +142,7 @@ def busiest(records: list, since: float, names: tuple[str, ...], attr: str) -> s
 async def _prefill_victim(run: Any, w: Window) -> str:
     victim = busiest(run.load.records, w.pre_start, PREFILL, "prefill_backend")
     w.notes.update(victim=victim, victim_pid=run.fleet.children.procs[victim].pid,
-                   victim_prefill_in_flight=await wait_running(run, victim))
+                   victim_prefill_in_flight=await wait_in_flight(run, (victim,)))
     return victim
 
 
@@ -208,17 +221,17 @@ async def client_disconnect_prefill(run: Any, w: Window) -> Window:
         task = asyncio.create_task(run.fleet.http.post(run.fleet.url + "/v1/chat/completions", json=body,
                                                        headers={"x-request-id": request_id},
                                                        timeout=aiohttp.ClientTimeout(total=30)))
-        running = await _any_running(run, PREFILL)
+        running = await wait_in_flight(run, PREFILL)
         in_prefill += running and not task.done()
         task.cancel()  # the client leaves: aiohttp closes the connection
         await asyncio.gather(task, return_exceptions=True)
     left_s = run.clock()
     zero_s = None
     while run.clock() - left_s < ZERO_WITHIN_S:
-        if not await _any_running(run, PREFILL + DECODE, timeout_s=0.0):
+        if not await _any_running(run, PREFILL + DECODE) and not await wait_in_flight(run, PREFILL + DECODE, 0.0):
             zero_s = round(run.clock() - left_s, 3)
             break
-        await asyncio.sleep(0.02)  # polling the mocks
+        await asyncio.sleep(0.02)  # polling the mocks and the gateway
     await asyncio.sleep(max(ABORT_TIMEOUT_S * run.args.time_scale + 1.0 - (run.clock() - left_s), 0))
     held = []
     for name in PREFILL:
@@ -230,19 +243,15 @@ async def client_disconnect_prefill(run: Any, w: Window) -> Window:
     return await run._post(w)
 
 
-async def _any_running(run: Any, names: tuple[str, ...], timeout_s: float = 3.0) -> bool:
-    """True once any of ``names`` runs a request (polled until ``timeout_s``; 0: look once)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for name in names:
-            try:
-                if await mock_metric(run.fleet.http, run.fleet.backend_url(name), "vllm:num_requests_running") > 0:
-                    return True
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(0.005)  # polling the mocks
+async def _any_running(run: Any, names: tuple[str, ...]) -> bool:
+    """True if any of the mocks ``names`` reports a request running (``vllm:num_requests_running``)."""
+    for name in names:
+        try:
+            if await mock_metric(run.fleet.http, run.fleet.backend_url(name), "vllm:num_requests_running") > 0:
+                return True
+        except (aiohttp.ClientError, TimeoutError):
+            return True  # not known to be idle
+    return False
 
 
 def split_share(records: list, w: Window) -> float | None:
