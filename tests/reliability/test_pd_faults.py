@@ -110,7 +110,7 @@ def test_a_sigstopped_prefill_backend_leaves_rotation_and_its_request_goes_whole
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
         assert "x-kappa-prefill-backend" not in resp.headers and resp.headers["x-kappa-backend"] == "d"
         assert gw.metric("gateway_pd_prefill_fallbacks_total", prefill_backend="p") == 1
-        assert elapsed_s < 10  # its health checks (2 s probe timeout, 3 in a row), not the 60 s deadline
+        assert elapsed_s < 10, elapsed_s  # its health checks (2 s probe timeout, 3 in a row), not the 60 s deadline
 
 
 def test_a_split_stream_whose_kv_pull_fails_is_retried_whole_on_another_decode_backend() -> None:
