@@ -39,6 +39,7 @@ project's packages.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import time
@@ -81,7 +82,6 @@ class PdBodies:
         return body
 
     def make(self, rnd: random.Random, stream: bool) -> bytes:
-        import json
         return json.dumps(self.body(rnd, stream, rnd.randint(32, 128)), separators=(",", ":")).encode()
 
 
