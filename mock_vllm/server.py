@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mock_vllm import tokenizer
-from mock_vllm.driver import EngineClock, EngineDead, EngineDriver
+from mock_vllm.driver import EngineClock, EngineDead, EngineDriver, OutputQueue
 from mock_vllm.engine import MockEngine, PromptTooLong
 from mock_vllm.metrics import MockVllmMetrics
 from mock_vllm.nixl_metrics import NixlMetrics
@@ -135,29 +135,23 @@ async def _generate(server: MockServer, request: Request, body: GenerationReques
     response_id = ("chatcmpl-" if chat else "cmpl-") + (client_id or uuid.uuid4().hex)
     engine_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if client_id else response_id
     max_tokens = server.max_tokens(body.requested_max_tokens, len(prompt_ids))
-    arrived_s = remote_from_block = None
     remote = remote_prefill_params(body.kv_transfer_params)
+    model = body.model or server.served_model_name
+    hold_kv = bool(body.kv_transfer_params and body.kv_transfer_params.get("do_remote_decode"))
+    if body.stream:  # vLLM sends a stream's 200 and headers at once, a P/D decode's before its pull
+        writer = ChunkWriter(response_id=response_id, chat=chat, created=int(time.time()), model=model)
+        outputs = None if remote is not None else _submit(server, body, prompt_ids, engine_id, max_tokens, hold_kv,
+                                                          None, None)
+        return StreamingResponse(_stream(server, body, prompt_ids, engine_id, max_tokens, remote, writer, outputs),
+                                 media_type="text/event-stream")
+    remote_from_block: int | None = None
+    arrived_s = None
     if remote is not None:  # P/D decode: pull the KV this engine lacks first (`mock_vllm.pd`)
         arrived_s = server.clock.now_s()
         remote_from_block = await server.pd.pull(prompt_ids, body.cache_salt, remote)
         if remote_from_block is None and server.pd.settings.kv_load_failure_policy == "fail":
-            if body.stream:  # vLLM has sent its 200 by the time the engine reports the failed load
-                return StreamingResponse(iter([error_event(500, FAILED_LOAD_MESSAGE)]), media_type="text/event-stream")
             raise ApiError(500, FAILED_LOAD_MESSAGE)
-    hold_kv = bool(body.kv_transfer_params and body.kv_transfer_params.get("do_remote_decode"))
-    try:
-        outputs = server.driver.submit(engine_id, prompt_ids, max_tokens=max_tokens, cache_salt=body.cache_salt,
-                                       hold_kv=hold_kv, remote_from_block=remote_from_block, arrived_s=arrived_s)
-    except PromptTooLong as exc:
-        raise ApiError(400, str(exc)) from exc
-    except EngineDead as exc:
-        raise ApiError(500, str(exc)) from exc
-    model = body.model or server.served_model_name
-    if body.stream:
-        writer = ChunkWriter(response_id=response_id, chat=chat, created=int(time.time()), model=model)
-        events = sse_events(server.driver, engine_id, outputs, writer, include_usage=body.include_usage,
-                             continuous_usage=body.continuous_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+    outputs = _submit(server, body, prompt_ids, engine_id, max_tokens, hold_kv, remote_from_block, arrived_s)
     result = await until_done_or_disconnect(server.driver, engine_id, outputs, request)
     if result is None:  # the client left; nobody reads this
         return Response(status_code=499)
@@ -168,6 +162,39 @@ async def _generate(server: MockServer, request: Request, body: GenerationReques
     return JSONResponse(build(response_id=response_id, created=int(time.time()), model=model, text=text,
                               finish_reason=last.finish_reason or "length", usage_info=usage_of(last),
                               kv_transfer_params=params))
+
+
+def _submit(server: MockServer, body: GenerationRequest, prompt_ids: list[int], engine_id: str, max_tokens: int,
+            hold_kv: bool, remote_from_block: int | None, arrived_s: float | None) -> OutputQueue:
+    """Hand a request to the engine. Raises ApiError: 400 for a prompt too long, 500 for a dead engine."""
+    try:
+        return server.driver.submit(engine_id, prompt_ids, max_tokens=max_tokens, cache_salt=body.cache_salt,
+                                    hold_kv=hold_kv, remote_from_block=remote_from_block, arrived_s=arrived_s)
+    except PromptTooLong as exc:
+        raise ApiError(400, str(exc)) from exc
+    except EngineDead as exc:
+        raise ApiError(500, str(exc)) from exc
+
+
+async def _stream(server: MockServer, body: GenerationRequest, prompt_ids: list[int], engine_id: str, max_tokens: int,
+                  remote: Any, writer: ChunkWriter, outputs: OutputQueue | None) -> AsyncIterator[str]:
+    """A streamed answer (``outputs``: the request already submitted). A P/D decode's pull runs here,
+    after the headers, as in vLLM; its failure under ``kv_load_failure_policy: fail`` is an error
+    event and ``[DONE]``."""
+    if outputs is None:
+        arrived_s = server.clock.now_s()
+        remote_from_block = await server.pd.pull(prompt_ids, body.cache_salt, remote)
+        if remote_from_block is None and server.pd.settings.kv_load_failure_policy == "fail":
+            yield error_event(500, FAILED_LOAD_MESSAGE)
+            return
+        try:
+            outputs = _submit(server, body, prompt_ids, engine_id, max_tokens, False, remote_from_block, arrived_s)
+        except ApiError as exc:
+            yield error_event(exc.status, str(exc))
+            return
+    async for event in sse_events(server.driver, engine_id, outputs, writer, include_usage=body.include_usage,
+                                  continuous_usage=body.continuous_usage):
+        yield event
 
 
 @routes.get("/v1/models")
