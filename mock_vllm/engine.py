@@ -24,6 +24,9 @@ What it models (DESIGN.md §5):
 - Power = idle + (P_max − idle) × the roofline's utilisation; energy accumulates.
 - KV blocks: `router.capacity.kv_cache_blocks` (vLLM's sizing rule, or the override).
 - Every request generates exactly ``max_tokens`` tokens (EOS ignored), so traces replay exactly.
+- P/D (vLLM's NixlConnector): a ``do_remote_decode`` request keeps its blocks after it finishes
+  until `release_held` (the pull); a ``do_remote_prefill`` one arrives with its prompt's KV and
+  computes only the last token, as vLLM's scheduler does. When and over what the pull runs is the caller's.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class _Request:
     scheduled_s: float | None = None  # start of the step that first scheduled it (engine s)
     held_hashes: list[int] = field(default_factory=list)  # cached blocks referenced, in order
     anonymous_blocks: int = 0
+    do_remote_decode: bool = False  # P/D prefill side: keep the blocks after the finish until released
+    do_remote_prefill: bool = False  # P/D decode side: the prompt's KV arrives with the request
 
     @property
     def prefilling(self) -> bool:
@@ -119,21 +124,25 @@ class MockEngine:
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._requests: dict[str, _Request] = {}
+        self._held: dict[str, _Request] = {}  # finished with do_remote_decode: blocks kept until released
         self._dynamic_energy_j = 0.0
         self._last_step: StepResult | None = None
         self._start_s: float | None = None
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int,
-                    arrival_s: float, cache_salt: str | None = None) -> None:
+                    arrival_s: float, cache_salt: str | None = None, do_remote_decode: bool = False,
+                    do_remote_prefill: bool = False) -> None:
         """Queue a request; it is scheduled by a later `step`.
+
+        ``do_remote_decode``, ``do_remote_prefill``: its part of a P/D split (module docstring).
 
         Raises:
             PromptTooLong: prompt + max_tokens > max_model_len (vLLM's message).
             DuplicateRequest: ``request_id`` is in use.
             ValueError: empty prompt or max_tokens < 1.
         """
-        if request_id in self._requests:
+        if request_id in self._requests or request_id in self._held:
             raise DuplicateRequest(f"request id {request_id!r} is already running")
         if not prompt_token_ids or max_tokens < 1:
             raise ValueError("the prompt must hold at least one token and max_tokens must be >= 1")
@@ -147,7 +156,8 @@ class MockEngine:
         if self._start_s is None:
             self._start_s = arrival_s
         req = _Request(request_id, prompt_len, max_tokens,
-                       prompt_block_hashes(prompt_token_ids, self.block_size, cache_salt), arrival_s, prompt_len)
+                       prompt_block_hashes(prompt_token_ids, self.block_size, cache_salt), arrival_s, prompt_len,
+                       do_remote_decode=do_remote_decode, do_remote_prefill=do_remote_prefill)
         self._requests[request_id] = req
         self._waiting.append(req)
         self._refresh_gauges()
@@ -169,9 +179,18 @@ class MockEngine:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
+    def release_held(self, request_id: str) -> bool:
+        """Free a finished ``do_remote_decode`` request's blocks (pulled); False if none are held."""
+        req = self._held.pop(request_id, None)
+        if req is None:
+            return False
+        self._free(req)
+        self._refresh_gauges()
+        return True
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds blocks, as in vLLM."""
-        if self._running:
+        if self._running or self._held:
             return False
         self.cache.reset()
         return True
@@ -241,6 +260,9 @@ class MockEngine:
         hbm_blocks, host_blocks, kv_pool_blocks = self.cache.match(req.hashes, max_hit_blocks)
         hit = req.hashes[: hbm_blocks + host_blocks + kv_pool_blocks]
         computed = len(hit) * self.block_size
+        pulled = 0  # a P/D decode's first admission: the rest of the prompt but its last token was pulled
+        if req.do_remote_prefill and not req.admitted:
+            pulled, computed = req.prefill_target - 1 - computed, req.prefill_target - 1
         tokens = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + tokens) / self.block_size) - len(hit)
         free = self.cache.num_free_blocks
@@ -252,6 +274,8 @@ class MockEngine:
         req.held_hashes = list(hit)
         req.computed = computed
         req.anonymous_blocks = need
+        if pulled:
+            self._seal_full_blocks(req, computed - pulled)  # the pulled full blocks become cacheable
         if not req.admitted:  # the client is told the first admission's hit (vLLM num_cached_tokens)
             req.admitted = True
             req.cached_tokens = req.computed
@@ -260,13 +284,13 @@ class MockEngine:
         s = self.stats
         loaded_tokens = (host_blocks + kv_pool_blocks) * self.block_size
         s.prefix_cache_queries_tokens += req.prefill_target
-        s.prefix_cache_hits_tokens += req.computed
+        s.prefix_cache_hits_tokens += req.computed - pulled
         if self.cache.num_host_blocks or self.cache.kv_pool is not None:
             s.external_prefix_cache_queries_tokens += req.prompt_len - hbm_blocks * self.block_size
             s.external_prefix_cache_hits_tokens += loaded_tokens
         s.prompt_tokens_by_source["local_compute"] += req.prefill_target - req.computed
         s.prompt_tokens_by_source["local_cache_hit"] += hbm_blocks * self.block_size
-        s.prompt_tokens_by_source["external_kv_transfer"] += loaded_tokens
+        s.prompt_tokens_by_source["external_kv_transfer"] += loaded_tokens + pulled
         return req, tokens, host_blocks * self.block_bytes, kv_pool_blocks * self.block_bytes
 
     def _grow(self, req: _Request, tokens: int, scheduled: list[tuple[_Request, int]]) -> bool:
@@ -341,7 +365,10 @@ class MockEngine:
         finished = req.generated >= req.max_tokens
         if finished:
             self._running.remove(req)
-            self._free(req)
+            if req.do_remote_decode:
+                self._held[req.request_id] = req  # the decode side pulls them (`release_held`)
+            else:
+                self._free(req)
             del self._requests[req.request_id]
             self.stats.request_success_total["length"] += 1
         return RequestOutput(req.request_id, (token_id,), req.prompt_len, req.cached_tokens,
