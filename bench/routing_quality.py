@@ -18,6 +18,13 @@ Usage::
     python bench/routing_quality.py            # the full sweep (about 10 minutes on 2 cores)
     python bench/routing_quality.py --quick    # a smoke run: fewer requests, no plots
     python bench/routing_quality.py --middle-load --no-plots   # each workload at its middle load (~1.5 min)
+    python bench/routing_quality.py --pd       # the P/D fleet, κ against the anchors' P/D rules, middle loads
+
+``--pd`` (issue 26) runs config/fleets/disaggregated.yaml alone with `PD_POLICIES` — ``kappa``
+(splits when the split pays), ``kappa-aggregated`` (never splits) and the anchors' P/D rules
+``pd-always``, ``pd-llmd``, ``pd-dynamo`` — at each workload's middle load, and writes
+``bench/results/routing_quality_pd.json`` and a table per workload (TTFT p90, E2E p90, ITL p50,
+disaggregated share), with whether κ has the best TTFT p90 and E2E p90 of them.
 """
 
 from __future__ import annotations
@@ -59,6 +66,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "kappa-ttft": ("kappa", {"decode_weight": 0.0, "interference_weight": 0.0}),
 }
 RUNS = POLICIES + tuple(VARIANTS)
+# ``--pd``: the P/D fleet and the policies issue 26 compares on it (κ's rivals: the rest).
+PD_FLEET = "disaggregated"
+PD_POLICIES = ("kappa", "kappa-aggregated", "pd-always", "pd-llmd", "pd-dynamo")
+PD_RIVALS = PD_POLICIES[1:]
 
 
 @dataclass(frozen=True)
@@ -89,10 +100,10 @@ def middle_load(plan: Plan) -> float:
     return plan.rate_scales[len(plan.rate_scales) // 2]
 
 
-def load_fleets() -> dict[str, Fleet]:
+def load_fleets(names: Sequence[str] = FLEETS) -> dict[str, Fleet]:
     catalog = default_catalog()
     return {name: fleet_from_settings(load_settings(CONFIG_DIR / "fleets" / f"{name}.yaml", catalog, env={}),
-                                    catalog) for name in FLEETS}
+                                    catalog) for name in names}
 
 
 def git_commit() -> str:
@@ -106,7 +117,8 @@ def git_commit() -> str:
 
 
 def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bool, seed: int,
-                   workers: int | None, middle_only: bool = False) -> list[dict[str, Any]]:
+                   workers: int | None, middle_only: bool = False,
+                   runs: Sequence[str] = RUNS) -> list[dict[str, Any]]:
     """Every fleet × load × policy run of one workload, as JSON-ready rows (``middle_only``: its
     middle load alone, the one the issues' done-when criteria name)."""
     if middle_only:
@@ -118,7 +130,7 @@ def sweep_workload(name: str, plan: Plan, fleets: dict[str, Fleet], *, quick: bo
     labels, jobs = [], []
     for fleet in fleets:
         for scale in plan.rate_scales:
-            for label in RUNS:
+            for label in runs:
                 policy, params = VARIANTS.get(label, (label, {}))
                 labels.append(label)
                 jobs.append(SimJob(fleet, policy, scale, params))
@@ -205,6 +217,30 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pd_markdown(runs: Sequence[dict[str, Any]]) -> str:
+    """``--pd``'s tables: per workload, each policy's TTFT p90, E2E p90, ITL p50 and split share;
+    then whether κ beats every rival on TTFT p90 and E2E p90, and by how much against kappa-aggregated."""
+    lines = ["| workload | load | policy | TTFT p90 s | E2E p90 s | ITL p50 ms | split | transfer p50 ms |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for run in runs:
+        for name, p in run["policies"].items():
+            lines.append(f"| {run['workload']} | ×{run['rate_scale']:g} | {name} | {_f(p['ttft_p90_s'], '.3f')} | "
+                         f"{_f(p['e2e_p90_s'], '.2f')} | {_ms(p['itl_p50_s'])} | "
+                         f"{_f(p.get('disaggregated_share'), '.0%')} | {_ms(p.get('transfer_s_p50'))} |")
+    lines += ["", "| workload | κ best TTFT p90 | κ best E2E p90 | κ ÷ kappa-aggregated TTFT p90 / E2E p90 | "
+                  "best rival TTFT p90 / E2E p90 |", "| --- | --- | --- | --- | --- |"]
+    for run in runs:
+        pol, k = run["policies"], run["policies"]["kappa"]
+        best = {m: min(PD_RIVALS, key=lambda r: pol[r][m] if pol[r][m] is not None else float("inf"))
+                for m in ("ttft_p90_s", "e2e_p90_s")}
+        agg = pol["kappa-aggregated"]
+        lines.append(f"| {run['workload']} | {'yes' if k['ttft_p90_s'] <= pol[best['ttft_p90_s']]['ttft_p90_s'] else 'no'} | "
+                     f"{'yes' if k['e2e_p90_s'] <= pol[best['e2e_p90_s']]['e2e_p90_s'] else 'no'} | "
+                     f"{_f(k['ttft_p90_s'] / agg['ttft_p90_s'], '.2f')} / {_f(k['e2e_p90_s'] / agg['e2e_p90_s'], '.2f')} | "
+                     f"{best['ttft_p90_s']} / {best['e2e_p90_s']} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(runs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Three PNGs: TTFT CDFs at each pair's middle load, p90 TTFT against load, energy per request against load."""
     import matplotlib
@@ -276,21 +312,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=None, help="also write the tables to this file")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--middle-load", action="store_true", help="each workload at its middle load only")
+    parser.add_argument("--pd", action="store_true", help="the P/D fleet with PD_POLICIES, middle loads (issue 26)")
     args = parser.parse_args(argv)
+    if args.pd:
+        args.middle_load = args.no_plots = True
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = [w for w in names if w not in PLAN]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(PLAN)}")
     assert set(POLICIES) <= set(POLICY_NAMES)
     started = time.perf_counter()
-    fleets = load_fleets()
+    fleets = load_fleets((PD_FLEET,) if args.pd else FLEETS)
+    policies = PD_POLICIES if args.pd else RUNS
     runs: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     for name in names:
         t0 = time.perf_counter()
         try:
             runs += sweep_workload(name, PLAN[name], fleets, quick=args.quick, seed=args.seed, workers=args.workers,
-                                   middle_only=args.middle_load)
+                                   middle_only=args.middle_load, runs=policies)
         except FileNotFoundError as exc:  # a real trace absent on this machine
             skipped[name] = str(exc)
             print(f"skipping {name}: {exc}", file=sys.stderr)
@@ -299,19 +339,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall_s = time.perf_counter() - started
     command = "python bench/routing_quality.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     doc = {"meta": {"command": command.strip(), "commit": git_commit(), "seed": args.seed,
-                    "ttft_slo_s": DEFAULT_TTFT_SLO_S, "policies": list(POLICIES),
+                    "ttft_slo_s": DEFAULT_TTFT_SLO_S, "policies": list(PD_POLICIES if args.pd else POLICIES),
                     "variants": {k: {"policy": p, "params": v} for k, (p, v) in VARIANTS.items()}, "fleets": list(fleets),
                     "plan": {w: vars(PLAN[w]) for w in names}, "quick": args.quick, "skipped": skipped,
                     "wall_s": round(wall_s, 1),
                     "workloads": {w: WORKLOADS[w].description for w in names}},
            "runs": runs}
-    out = args.out or RESULTS / ("routing_quality_quick.json" if args.quick else
-                                 "routing_quality_middle.json" if args.middle_load else "routing_quality.json")
+    out = args.out or RESULTS / ("routing_quality_pd.json" if args.pd else "routing_quality_quick.json" if args.quick
+                                 else "routing_quality_middle.json" if args.middle_load else "routing_quality.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     # One run per line: readable diffs without a line per TTFT.
     out.write_text('{"meta": ' + json.dumps(doc["meta"], indent=1) + ',\n "runs": [\n'
                    + ",\n".join(json.dumps(run) for run in runs) + "\n]}\n")
-    tables = markdown(runs)
+    tables = pd_markdown(runs) if args.pd else markdown(runs)
     print(tables)
     if args.markdown:
         args.markdown.write_text(tables)

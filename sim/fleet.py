@@ -6,6 +6,7 @@ The schema is the one every reader of a fleet file shares (`fleet_config.Setting
     gateway.scrape_interval_s           how stale the router's view of each engine is
     index.block_size_tokens, index.bytes_per_token     the gateway's index block
     kv_pool.capacity_gb                 a KV store the backends share (or none)
+    interconnect, backends[].kv_role    P/D: the links KV crosses and who prefills for whom
     backends[]: every field the gateway reads, through `Settings.backend_spec` (the router's
                 figures) and `mock_vllm.app_factory.engine_config` (the engine's), exactly as
                 ``kappa-gateway mock-fleet`` builds its mocks (``url`` is ignored: nothing
@@ -22,7 +23,9 @@ from mock_vllm.app_factory import engine_config
 from mock_vllm.types import EngineConfig
 from prefix_index import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS, block_size_bytes
 from router.cost import BackendSpec
+from router.links import NO_INTERCONNECT, Interconnect, Link
 from router.profiles import GB, Catalog
+from router.types import PdFleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,7 @@ class SimBackend:
         spec: model, hardware and deployment figures (the router's and the engine's).
         engine: the engine's settings (host tier bytes, KV block override).
         labels: the config's labels (``role: compute-dense`` marks the high-κ reference).
+        kv_role: its P/D role, ``prefill`` | ``decode`` | ``both`` (the config's ``kv_role``).
     """
 
     id: str
@@ -42,6 +46,7 @@ class SimBackend:
     spec: BackendSpec
     engine: EngineConfig = field(default_factory=EngineConfig)
     labels: Mapping[str, str] = field(default_factory=dict)
+    kv_role: str = "both"
 
     @property
     def host_tier_bytes(self) -> float:
@@ -58,6 +63,10 @@ class Fleet:
         block_size_tokens: the index block in tokens (> 0).
         bytes_per_token: the starting bytes/token estimate (> 0; calibrated online as live).
         kv_pool_bytes: capacity of the KV pool the backends share, bytes (``None``: no pool).
+        interconnect: the configured P/D links (what the router prices; `router.links`).
+        delivered_links: (prefill id, decode id) → the link a pull really crosses, where it differs
+            from the configured one (a link that lies about its bandwidth); the engines' truth.
+        unusable_links: (prefill id, decode id) pairs the router must not split over (found broken).
     """
 
     backends: tuple[SimBackend, ...]
@@ -65,6 +74,9 @@ class Fleet:
     block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS
     bytes_per_token: float = BYTES_PER_TOKEN_ESTIMATE
     kv_pool_bytes: float | None = None
+    interconnect: Interconnect = NO_INTERCONNECT
+    delivered_links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
+    unusable_links: frozenset[tuple[str, str]] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -80,6 +92,18 @@ class Fleet:
         """The index block in bytes (`prefix_index.block_size_bytes`)."""
         return block_size_bytes(self.block_size_tokens, self.bytes_per_token)
 
+    def pd_fleet(self) -> PdFleet | None:
+        """What the router gets on a P/D fleet (`dispatch.Dispatcher.pd`): roles and usable links;
+        ``None`` when every backend is ``both`` (an aggregated fleet, decided as ever)."""
+        if all(b.kv_role == "both" for b in self.backends):
+            return None
+        return PdFleet({b.id: b.kv_role for b in self.backends}, self.interconnect, self.unusable_links)
+
+    def delivered_link(self, prefill_id: str, decode_id: str) -> Link | None:
+        """The link a pull from ``prefill_id`` to ``decode_id`` really crosses (``delivered_links``,
+        else the configured one; ``None``: none)."""
+        return self.delivered_links.get((prefill_id, decode_id)) or self.interconnect.link(prefill_id, decode_id)
+
     def served_models(self) -> list[str]:
         """Served model names, in backend order, without repeats."""
         return list(dict.fromkeys(b.model for b in self.backends))
@@ -93,11 +117,12 @@ def fleet_from_settings(settings: Settings, catalog: Catalog) -> Fleet:
             against ``catalog``).
     """
     backends = tuple(SimBackend(entry.id, entry.model, settings.backend_spec(catalog, entry), engine_config(entry),
-                                dict(entry.labels)) for entry in settings.backends)
+                                dict(entry.labels), entry.kv_role) for entry in settings.backends)
     pool = settings.kv_pool
     return Fleet(backends, scrape_interval_s=settings.gateway.scrape_interval_s,
                  block_size_tokens=settings.index.block_size_tokens, bytes_per_token=settings.index.bytes_per_token,
-                 kv_pool_bytes=None if pool is None else pool.capacity_gb * GB)
+                 kv_pool_bytes=None if pool is None else pool.capacity_gb * GB,
+                 interconnect=settings.interconnect_table())
 
 
 def high_kappa_threshold(backends: Sequence[SimBackend]) -> float:

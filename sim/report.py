@@ -13,9 +13,12 @@ Definitions (all from `sim.simulator.SimResult`; times in virtual seconds):
 - prefix_hit_ratio = Σ cached prompt tokens / Σ prompt tokens, as the engines reported
   them (``usage.prompt_tokens_details.cached_tokens``); host_hit_ratio = the part of it
   loaded from host tiers.
+- disaggregated_share = share of routed requests split (P/D: prefilled on one backend, decoded on
+  another; `sim.pd`); transfer_s_p50 / p90 = the seconds their KV pulls took (None without splits).
 - regime_share = share of requests whose chosen backend's predicted regime was compute /
   transfer (the x-kappa-regime the gateway would have sent).
-- Per backend, as the demo reports (`gateway.commands.demo_figures.build_report`): requests;
+- Per backend, as the demo reports (`gateway.commands.demo_figures.build_report`): requests (decoded
+  there; a split's prefill backend counts it in ``prefill_requests``);
   ``kappa_crit_linear`` (the backend's T-independent κ_crit); transfer = requests routed
   there transfer-bound (their κ_ratio_loaded above their own κ_crit there, the
   x-kappa-regime); high-κ = κ_ratio above one fleet-wide threshold, the lowest
@@ -66,10 +69,11 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     Returns:
         ``{"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "itl_p50_s",
         "itl_p90_s", "throughput_rps",
-        "goodput_rps", "ttft_slo_s", "energy_per_request_j", "energy_j", "prefix_hit_ratio",
+        "goodput_rps", "ttft_slo_s", "energy_per_request_j", "disaggregated_share", "transfer_s_p50",
+        "transfer_s_p90", "energy_j", "prefix_hit_ratio",
         "host_hit_ratio", "kv_pool_hit_ratio", "regime_share": {"compute", "transfer"}, "requests", "finished",
         "rejected", "makespan_s", "high_kappa_threshold", "large_t_threshold_tokens",
-        "backends": [{"id", "hardware", "role", "kappa_crit_linear", "requests", "request_share",
+        "backends": [{"id", "hardware", "role", "kappa_crit_linear", "requests", "prefill_requests", "request_share",
         "transfer_requests", "transfer_share",
         "high_kappa_requests", "high_kappa_share", "high_kappa_of_all", "large_t_requests",
         "large_t_share", "large_t_of_all",
@@ -92,6 +96,7 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
     n_high = sum(r.kappa_ratio > high_kappa for r in result.records)
     n_large = sum(large_t is not None and r.prompt_tokens - r.cached_tokens >= large_t for r in done)
     backends = _backend_rows(result, done, high_kappa, large_t, n_high, n_large)
+    transfers = [r.transfer_s for r in result.records if r.prefill_backend_id is not None]
     return {
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90), "ttft_p99_s": percentile(ttfts, 99),
         "e2e_p50_s": percentile(e2es, 50), "e2e_p90_s": percentile(e2es, 90), "e2e_p99_s": percentile(e2es, 99),
@@ -100,6 +105,8 @@ def policy_report(result: SimResult, *, ttft_slo_s: float = DEFAULT_TTFT_SLO_S) 
         "goodput_rps": sum(t <= ttft_slo_s for t in ttfts) / makespan if makespan > 0 else None,
         "ttft_slo_s": ttft_slo_s,
         "energy_per_request_j": energy / len(done) if done else None, "energy_j": energy,
+        "disaggregated_share": _share(len(transfers), routed),
+        "transfer_s_p50": percentile(transfers, 50), "transfer_s_p90": percentile(transfers, 90),
         "prefix_hit_ratio": _share(cached, prompt), "host_hit_ratio": _share(host, prompt),
         "kv_pool_hit_ratio": _share(kv_pool, prompt),
         "regime_share": {"compute": _share(routed - transfer, routed), "transfer": _share(transfer, routed)},
@@ -123,6 +130,7 @@ def _backend_rows(result: SimResult, done: list[RequestRecord], high_kappa: floa
         rows.append({
             "id": b.id, "hardware": _hardware(b), "role": b.labels.get("role", ""),
             "kappa_crit_linear": b.spec.kappa_crit_linear, "requests": len(mine),
+            "prefill_requests": sum(r.prefill_backend_id == b.id for r in result.records),
             "request_share": _share(len(mine), len(result.records)),
             "transfer_requests": sum(r.regime == "transfer" for r in mine),
             "transfer_share": _share(sum(r.regime == "transfer" for r in mine), len(mine)),

@@ -21,11 +21,15 @@ What the router sees is only what it would see live (DESIGN.md §2):
   snapshot refreshed only at scrape times t0 + k·``scrape_interval_s``, never the engines'
   live state.
 
-Events, in virtual seconds: arrivals (from the trace), engine step ends, scrapes. An engine
+On a P/D fleet (`sim.fleet.Fleet.pd_fleet`) the router also gets roles and links
+(`dispatch.Dispatcher.pd`), and a split decision runs as `sim.pd` describes: prefill on one
+engine, the KV pull over the link, decode on another.
+
+Events, in virtual seconds: arrivals (from the trace), engine step ends, scrapes, pulls. An engine
 runs its steps back to back while it has work: the next step starts when the previous one
 ends; an idle engine starts one at the arrival time. At one instant, events go in this
 order: scrapes due strictly before it, step ends (their outputs: first tokens, finishes),
-a scrape due at it, arrivals (in trace order), then every idle engine with work starts a
+a scrape due at it, pulls done (their decodes join the decode engines), arrivals (in trace order), then every idle engine with work starts a
 step — so requests arriving together are batched together. The run is deterministic for a
 seed (the policies' tie-breaks draw from ``random.Random(seed)``).
 
@@ -56,98 +60,12 @@ from router.capacity import kv_block_bytes
 from router.policies import Policy
 from router.types import BackendView, Decision, RequestFeatures
 from sim.fleet import Fleet, SimBackend
+from sim.pd import SplitRunner
 from sim.prompts import PreparedRequest, token_ids
+from sim.records import DecisionEvent, DecisionObserver, RequestRecord, SimResult, run_now
 from sim.replicas import Replica, Spreader, Topology, build_replicas, sync_peers
 
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionEvent:
-    """What the router was given and what it chose, for an observer (tests, traces of decisions)."""
-
-    now_s: float
-    request_index: int
-    features: RequestFeatures
-    views: tuple[BackendView, ...]
-    decision: Decision
-
-
-DecisionObserver = Callable[[DecisionEvent], None]
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """One request's fate. Times in virtual seconds; token counts as the engine reported them.
-
-    ``kappa_ratio``, ``kappa_ratio_loaded``, ``kappa_crit``, ``regime`` and ``predicted_ttft_s``
-    are the chosen candidate's figures at decision time (what the gateway puts in its
-    x-kappa-* headers; names as in `router.kappa`).
-    """
-
-    index: int
-    arrival_s: float
-    backend_id: str
-    max_tokens: int
-    kappa_ratio: float
-    kappa_ratio_loaded: float
-    kappa_crit: float
-    regime: str
-    predicted_ttft_s: float
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    cached_host_tokens: int = 0
-    cached_kv_pool_tokens: int = 0
-    first_token_s: float | None = None
-    finish_s: float | None = None
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
-    @property
-    def e2e_s(self) -> float | None:
-        return None if self.finish_s is None else self.finish_s - self.arrival_s
-
-
-@dataclass(frozen=True, slots=True)
-class SimResult:
-    """One policy's run over one trace and fleet.
-
-    Args:
-        policy: the policy's name.
-        records: one per routed request, by trace index.
-        rejected: trace indexes the chosen backend refused (prompt + max_tokens over its context),
-            answered with an error as the gateway would relay vLLM's 400; not in ``records``.
-        start_s, end_s: first arrival and last finish, s.
-        energy_j: joules per backend id over [start_s, end_s], idle included.
-        backends: the fleet's backends, in config order.
-        wall_s: wall-clock seconds the run took.
-    """
-
-    policy: str
-    records: list[RequestRecord]
-    rejected: list[int]
-    start_s: float
-    end_s: float
-    energy_j: dict[str, float]
-    backends: tuple[SimBackend, ...]
-    wall_s: float
-
-
-def run_now(coro: Coroutine[Any, Any, T]) -> T:
-    """The result of a coroutine that never suspends, without an event loop.
-
-    Raises:
-        RuntimeError: the coroutine suspended (it needs real I/O; use an event loop).
-    """
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("coroutine suspended: the simulator needs a prefix index that never awaits")
-
+__all__ = ["DecisionEvent", "DecisionObserver", "RequestRecord", "SimResult", "Simulator", "run_now", "simulate"]
 
 class _Engine:
     """One backend's engine, its step in progress and when it got its first request."""
@@ -233,6 +151,11 @@ class Simulator:
                                         bytes_per_token=fleet.bytes_per_token,
                                         block_size_bytes=fleet.block_size_bytes, kv_pool_bytes=fleet.kv_pool_bytes)
         self._targets = [t for r in self._replicas for t in r.targets]  # every view, scraped together
+        pd = fleet.pd_fleet()
+        for replica in self._replicas:
+            replica.dispatch.pd = pd
+        self._splits = SplitRunner(fleet, lambda backend_id: self._engines[self._position[backend_id]].engine,
+                                   self._record_computed)
         self._spreader = Spreader(topology, seed)
         self._records_due: list[tuple[float, int, Replica, Target, Sequence[int], Any]] = []  # writes in flight
         self._write_seq = itertools.count()
@@ -255,10 +178,14 @@ class Simulator:
         held: deque[PreparedRequest] = deque()  # arrived, waiting client-side for a free slot
         cap = self.client_concurrency
         i = 0
-        while i < n or steps or held:
+        splits = self._splits
+        while i < n or steps or held or splits.busy:
             now = steps[0][0] if steps else math.inf
             if i < n and reqs[i].arrival_s < now:
                 now = reqs[i].arrival_s
+            pull_s = splits.next_pull_s
+            if pull_s is not None and pull_s < now:
+                now = pull_s
             if next_scrape < now:  # nothing happened since that scrape time: the state is as it was
                 self._scrape_all()
                 next_scrape = _next_grid_point(t0, interval, now)
@@ -271,6 +198,12 @@ class Simulator:
                 self._scrape_all()
                 next_scrape += interval
             self._apply_records(now)
+            if pull_s == now:
+                for backend_id in splits.pulls_due(now):
+                    engine = self._engines[self._position[backend_id]]
+                    kick.append(self._position[backend_id])
+                    if engine.first_add_s is None:
+                        engine.first_add_s = now
             while i < n and reqs[i].arrival_s == now:
                 held.append(reqs[i])
                 i += 1
@@ -326,37 +259,59 @@ class Simulator:
         plan = run_now(replica.dispatch.plan(request, replica.targets))
         if self.observer is not None:
             self.observer(DecisionEvent(now, req.index, plan.features, plan.views, plan.decision))
-        cand = plan.decision.chosen
-        b = self._engines[self._position[cand.backend_id]]
+        cand, leg = plan.decision.chosen, plan.decision.prefill
+        first = cand if leg is None else leg.candidate  # the engine that gets the request now
+        b = self._engines[self._position[first.backend_id]]
         rid = str(req.index)
+        est = first.estimate
+        record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_ratio_loaded,
+                               est.kappa_crit, est.regime.value, est.ttft_s)
         try:
-            b.engine.add_request(rid, token_ids(req), max_tokens=req.max_tokens, arrival_s=now)
+            if leg is None:
+                b.engine.add_request(rid, token_ids(req), max_tokens=req.max_tokens, arrival_s=now)
+                ticket = replica.dispatch.charge(plan, cand)
+            else:
+                prefill_ticket, ticket = replica.dispatch.charge_split(plan)
+                try:
+                    self._splits.start(rid, leg, cand.backend_id, record, prefill_ticket, replica, request,
+                                       token_ids(req), req.max_tokens, now)
+                except PromptTooLong:
+                    prefill_ticket.finish()
+                    ticket.finish()
+                    raise
         except PromptTooLong:  # a 400 from the backend: the gateway relays it, retries only 5xx
             self._rejected.append(req.index)
             return None
-        est = cand.estimate
-        record = RequestRecord(req.index, now, cand.backend_id, req.max_tokens, est.kappa_ratio, est.kappa_ratio_loaded,
-                               est.kappa_crit, est.regime.value, est.ttft_s)
         self._records[req.index] = record
-        self._active[rid] = _Active(record, replica.dispatch.charge(plan, cand), request, replica)
+        self._active[rid] = _Active(record, ticket, request, replica)
         if self.topology.record_at_decision:
-            self._record(replica, replica.by_id[cand.backend_id], request.hashes, now, holders="backend")
+            for backend_id in {cand.backend_id, first.backend_id}:
+                self._record(replica, replica.by_id[backend_id], request.hashes, now, holders="backend")
         if b.first_add_s is None:
             b.first_add_s = now
-        return self._position[cand.backend_id]
+        return self._position[first.backend_id]
+
+    def _record_computed(self, replica: Replica, backend_id: str, request: RoutableRequest, now: float) -> None:
+        """A split's prefill backend computed the prompt (its token came back): record it."""
+        self._record(replica, replica.by_id[backend_id], request.hashes, now,
+                     holders="kv_pool" if self.topology.record_at_decision else "both")
 
     # -- engine outputs (the gateway's relay: first byte, record, finish, usage) ------------
     def _step_end(self, b: _Engine, now: float) -> None:
         step, b.step = b.step, None
         assert step is not None
         for out in step.outputs:
-            act = self._active[out.request_id]
+            act = self._active.get(out.request_id)
+            if act is None:  # a split's prefill half (`sim.pd`)
+                self._splits.prefill_done(out, now)
+                continue
             record = act.record
             if record.first_token_s is None:
                 record.first_token_s = now
-                record.prompt_tokens, record.cached_tokens = out.prompt_tokens, out.cached_tokens
-                record.cached_host_tokens = out.cached_host_tokens
-                record.cached_kv_pool_tokens = out.cached_kv_pool_tokens
+                if record.prefill_backend_id is None:  # a split's are its prefill's (`sim.pd`)
+                    record.prompt_tokens, record.cached_tokens = out.prompt_tokens, out.cached_tokens
+                    record.cached_host_tokens = out.cached_host_tokens
+                    record.cached_kv_pool_tokens = out.cached_kv_pool_tokens
                 act.ticket.first_byte()
                 self._record(act.replica, act.replica.by_id[b.config.id], act.request.hashes, now,
                              holders="kv_pool" if self.topology.record_at_decision else "both")

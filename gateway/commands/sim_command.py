@@ -121,7 +121,7 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
                         + f", {run['wall_s']} s",
                   caption=f"goodput: requests with TTFT ≤ {run['ttft_slo_s']:g} s, per second")
     for col in ("policy", "TTFT p50", "p90", "p99", "E2E p50", "E2E p90", "ITL p50 ms", "p90 ms", "req/s", "goodput",
-                "J/req", "hit", "host hit", "pool hit", "compute/xfer"):
+                "J/req", "hit", "host hit", "pool hit", "compute/xfer", "split"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for name, p in report["policies"].items():
         regimes = p["regime_share"]
@@ -130,7 +130,8 @@ def print_sim_report(report: dict[str, Any], console: Console) -> None:
                       _f(p["throughput_rps"], ".3f"), _f(p["goodput_rps"], ".3f"),
                       _f(p["energy_per_request_j"], ",.0f"), _f(p["prefix_hit_ratio"], ".1%"),
                       _f(p["host_hit_ratio"], ".1%"), _f(p.get("kv_pool_hit_ratio"), ".1%"),
-                      f"{_f(regimes['compute'], '.0%')}/{_f(regimes['transfer'], '.0%')}")
+                      f"{_f(regimes['compute'], '.0%')}/{_f(regimes['transfer'], '.0%')}",
+                      _f(p.get("disaggregated_share"), ".0%"))
     console = Console(width=max(console.width, 170))
     console.print(table)
     per_backend = Table(title="per backend: requests (share of them high-κ, share large-T)")

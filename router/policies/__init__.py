@@ -12,6 +12,11 @@ Each module follows one shape (`router.policies.base`): a kebab-case ``name``, a
 | ``least-loaded`` | `router.policies.least_loaded` | distribution |
 | ``prefix-affinity`` | `router.policies.prefix_affinity` | affinity (SGLang cache_aware) |
 | ``weighted`` | `router.policies.weighted` | affinity + distribution (llm-d default scorers) |
+| ``pd-always`` | `router.policies.pd_always` | affinity: always split P/D (SGLang; production-stack with ``picker: round-robin``) |
+| ``pd-llmd`` | `router.policies.pd_llmd` | affinity + distribution: llm-d's prefix-based P/D decider |
+| ``pd-dynamo`` | `router.policies.pd_dynamo` | affinity + distribution: Dynamo's conditional disaggregation |
+
+The ``pd-*`` policies share `router.policies.pd_split` (pools, a split made into a decision).
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ from typing import Any
 from router.policies.base import CATEGORIES, Policy, PolicyConfigError
 from router.policies.kappa import KappaAggregatedPolicy, KappaPolicy
 from router.policies.least_loaded import LeastLoadedPolicy
+from router.policies.pd_always import PdAlwaysPolicy
+from router.policies.pd_dynamo import PdDynamoPolicy
+from router.policies.pd_llmd import PdLlmdPolicy
 from router.policies.prefix_affinity import PrefixAffinityPolicy
 from router.policies.round_robin import RoundRobinPolicy
 from router.policies.weighted import WeightedPolicy
 
 POLICY_CLASSES: tuple[type[Policy], ...] = (
-    KappaPolicy, KappaAggregatedPolicy, RoundRobinPolicy, LeastLoadedPolicy, PrefixAffinityPolicy, WeightedPolicy)
+    KappaPolicy, KappaAggregatedPolicy, RoundRobinPolicy, LeastLoadedPolicy, PrefixAffinityPolicy, WeightedPolicy,
+    PdAlwaysPolicy, PdLlmdPolicy, PdDynamoPolicy)
 POLICY_TYPES: Mapping[str, type[Policy]] = MappingProxyType({cls.name: cls for cls in POLICY_CLASSES})
 POLICY_NAMES = tuple(POLICY_TYPES)
 
