@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -132,12 +133,22 @@ async def _replay_watched(requests: Sequence[TraceRequest], url: str, model: str
 
 
 def _link_fault(decode_url: str, method: str, body: dict[str, Any] | None = None) -> None:
-    import urllib.request
     req = urllib.request.Request(f"{decode_url}/kappa/faults/link", method=method,
                                  data=None if body is None else json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         assert resp.status == 200, resp.status
+
+
+def _pd_links(url: str) -> list[dict[str, Any]]:
+    """Every link's state, reason and measured figure from ``/v1/kappa/backends`` (empty if unreachable)."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/kappa/backends", timeout=10) as resp:
+            links = json.load(resp)["pd_links"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [{k: x[k] for k in ("prefill_backend", "decode_backend", "state", "probing", "reason",
+                                "delivered_bytes_per_s", "transfers_measured")} for x in links]
 
 
 def _ttft_p90(results: Sequence[RequestResult], from_index: int, time_scale: float) -> float | None:
@@ -167,6 +178,7 @@ def run_kappa(settings: Settings, first: Sequence[TraceRequest], then: Sequence[
         _link_fault(decode_url, "DELETE")
         restored, rwatch = asyncio.run(_replay_watched(then, url, model, 1.0 / time_scale, pair))
         gateway_metrics = scrape_metrics(url)
+        links = _pd_links(url)
         lag = {b.id: scrape_metrics(b.url) for b in settings.backends}
     on_pair = [r for r in results if r.ok and (r.prefill_backend, r.backend) == pair]
     marked = watch.first(healthy=False)
@@ -198,6 +210,7 @@ def run_kappa(settings: Settings, first: Sequence[TraceRequest], then: Sequence[
                       "reason": None if healthy is None else healthy[2], "probes": rwatch.probes(),
                       "splits_over_link_after_healthy": len(resumed), "splits_per_pair": _splits(restored)}
     run["gateway_pd_splits_total"] = gateway_metrics.get("gateway_pd_splits_total")  # both phases: a cross-check
+    run["pd_links_at_end"] = links  # every link, not only the faulted one: collateral verdicts show here
     run["mock_step_lag_mean_s"] = _step_lag(lag)
     run["wall_s"] = round(time.monotonic() - started, 1)
     return run, results
