@@ -239,6 +239,28 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repetitions and the issue's criterion."""
+    ratios = [x["ttft_p90_ratio"] for x in reps]
+    summary = {
+        "degraded_after_requests": _median([x["kappa"]["degraded_after_requests"] for x in reps]),
+        "degraded_after_requests_each": [x["kappa"]["degraded_after_requests"] for x in reps],
+        "splits_over_link_after_each": [x["kappa"].get("splits_over_link_after") for x in reps],
+        "splits_over_link_after_outside_probes_each": [
+            (x["kappa"].get("splits_over_link_after") or 0) - (x["kappa"].get("splits_over_link_after_in_probes") or 0)
+            for x in reps],
+        "kappa_ttft_p90_after_s": _median([x["kappa"]["ttft_p90_after_s"] for x in reps]),
+        "aggregated_ttft_p90_after_s": _median([x["kappa_aggregated"]["ttft_p90_after_s"] for x in reps]),
+        "ttft_p90_ratio": _median(ratios), "ttft_p90_ratio_each": ratios,
+        "restored_splits_over_link_each": [x["kappa"]["restore"]["splits_over_link_after_healthy"] for x in reps],
+    }
+    summary["criterion"] = {
+        "degraded_within_100": all(x is not None and x <= CRITERION_REQUESTS for x in summary["degraded_after_requests_each"]),
+        "ttft_p90_within_10pct": summary["ttft_p90_ratio"] is not None and summary["ttft_p90_ratio"] <= CRITERION_TTFT_RATIO,
+        "used_again": all(n > 0 for n in summary["restored_splits_over_link_each"])}
+    return summary
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="default: the Mooncake conversation trace "
@@ -282,23 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{kappa['ttft_p90_after_s']} s vs aggregated {agg['ttft_p90_after_s']} s (ratio {ratio}); restored: "
               f"healthy after {r['healthy_again_after_requests']} requests, {r['splits_over_link_after_healthy']} "
               f"splits over it since; {kappa['wall_s']} s", flush=True)
-    ratios = [x["ttft_p90_ratio"] for x in reps]
-    summary = {
-        "degraded_after_requests": _median([x["kappa"]["degraded_after_requests"] for x in reps]),
-        "degraded_after_requests_each": [x["kappa"]["degraded_after_requests"] for x in reps],
-        "splits_over_link_after_each": [x["kappa"].get("splits_over_link_after") for x in reps],
-        "splits_over_link_after_outside_probes_each": [
-            (x["kappa"].get("splits_over_link_after") or 0) - (x["kappa"].get("splits_over_link_after_in_probes") or 0)
-            for x in reps],
-        "kappa_ttft_p90_after_s": _median([x["kappa"]["ttft_p90_after_s"] for x in reps]),
-        "aggregated_ttft_p90_after_s": _median([x["kappa_aggregated"]["ttft_p90_after_s"] for x in reps]),
-        "ttft_p90_ratio": _median(ratios), "ttft_p90_ratio_each": ratios,
-        "restored_splits_over_link_each": [x["kappa"]["restore"]["splits_over_link_after_healthy"] for x in reps],
-    }
-    summary["criterion"] = {
-        "degraded_within_100": all(x is not None and x <= CRITERION_REQUESTS for x in summary["degraded_after_requests_each"]),
-        "ttft_p90_within_10pct": summary["ttft_p90_ratio"] is not None and summary["ttft_p90_ratio"] <= CRITERION_TTFT_RATIO,
-        "used_again": all(n > 0 for n in summary["restored_splits_over_link_each"])}
+    summary = summarise(reps)
     print(json.dumps(summary, indent=1))
     if args.json:
         doc = {"command": " ".join(["python", "bench/pd_link_fault.py", *(argv if argv is not None else sys.argv[1:])]),
