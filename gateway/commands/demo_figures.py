@@ -75,6 +75,18 @@ DEFINITIONS: dict[str, str] = {
     "kappa_crit_measured": (
         "measured κ_crit = κ_crit_linear as the gateway measured it from the backends' own prefill times "
         "(router/kappa_fit.py), with its 95% interval. " + SELF_CONSISTENCY),
+    "kv_role": (
+        "kv_role = the backend's role in a P/D fleet (config kv_role): prefill (prefills requests another backend "
+        "decodes), decode (decodes, pulling a split request's KV over the link), both (serves whole requests, and "
+        "either phase). A split request counts as the decode backend's (x-kappa-backend); prefills = the split "
+        "requests a backend prefilled (x-kappa-prefill-backend), so a prefill-only backend shows idle with prefills."),
+    "split_share": (
+        "split share = successful requests the gateway split (prefilled on one backend, decoded on another: their "
+        "answer carries x-kappa-prefill-backend) / all successful requests; P/D fleets only (null otherwise). "
+        "splits_counted_by_gateway = the gateway's gateway_pd_splits_total, the same count from its side."),
+    "splits_per_pair": (
+        "splits per pair = the split requests per (prefill backend, decode backend): x-kappa-prefill-backend and "
+        "x-kappa-backend of each answer; the KV of each crossed link(prefill, decode) of the config's interconnect."),
     "kappa_vs_baseline": (
         "κ/baseline = κ's figure over the baseline's, on the same seed, arrivals and prompts, each run on a fresh "
         "fleet (cold caches): below 1, κ's is lower (better for TTFT, E2E, ITL and J/req). A ratio inside the "
@@ -92,7 +104,8 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     ``kappa_crit_never_requests``, ``transfer_share`` (its regimes), ``high_kappa_requests`` (κ_ratio
     above ``high_kappa_threshold``, for ``placement_by_role``) and ``high_kappa_transfer_requests``
     (those of them the gateway also labelled transfer: the two shares reconciled), ``idle`` (no
-    request served: every per-request figure null).
+    request served: every per-request figure null), ``kv_role`` and ``prefills`` (split requests it
+    prefilled). ``pd`` is `pd_figures` (null for a fleet that never splits).
     """
     catalog = default_catalog()
     compute_dense = [b for b in settings.backends if b.labels.get("role") == "compute-dense"] or settings.backends
@@ -100,7 +113,7 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     ok = [r for r in results if r.error is None]
     large_t = percentile([r.prompt_tokens - r.cached_tokens for r in ok if r.prompt_tokens is not None], 90) or 0
     backends = [_backend_report(settings, catalog, b, [r for r in ok if r.backend == b.id], backend_metrics.get(b.id, {}),
-                                time_scale, high_kappa, large_t)
+                                time_scale, high_kappa, large_t, sum(r.prefill_backend == b.id for r in ok))
                 for b in settings.backends]
     return {
         "requests": len(results), "errors": len(results) - len(ok),
@@ -111,6 +124,35 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
         "policy": settings.routing.policy, "time_scale": time_scale, "backends": backends,
         "placement_by_role": _placement_by_role(backends),
         "kv_pool_gb": settings.kv_pool.capacity_gb if settings.kv_pool else None,
+        "pd": pd_figures(settings, results, gateway_metrics),
+    }
+
+
+def pd_figures(settings: Settings, results: Sequence[RequestResult],
+               gateway_metrics: dict[str, float]) -> dict[str, Any] | None:
+    """A P/D fleet's splits (`DEFINITIONS` ``split_share``, ``splits_per_pair``); None when no backend has a
+    role other than ``both`` (`fleet_config.Settings.disaggregated`).
+
+    Returns:
+        ``splits``, ``split_share`` in [0,1] (of the successful requests; null without one),
+        ``splits_counted_by_gateway`` (``gateway_pd_splits_total``, null when not scraped),
+        ``prefill_fallbacks`` (``gateway_pd_prefill_fallbacks_total``: splits that went whole),
+        ``pairs``: [{``prefill_backend``, ``decode_backend``, ``splits``}] by count, most first.
+    """
+    if not settings.disaggregated:
+        return None
+    ok = [r for r in results if r.error is None]
+    pairs: dict[tuple[str, str], int] = {}
+    for r in ok:
+        if r.prefill_backend is not None and r.backend is not None:
+            pairs[(r.prefill_backend, r.backend)] = pairs.get((r.prefill_backend, r.backend), 0) + 1
+    splits = sum(pairs.values())
+    return {
+        "splits": splits, "split_share": splits / len(ok) if ok else None,
+        "splits_counted_by_gateway": gateway_metrics.get("gateway_pd_splits_total"),
+        "prefill_fallbacks": int(gateway_metrics.get("gateway_pd_prefill_fallbacks_total", 0.0)),
+        "pairs": [{"prefill_backend": p, "decode_backend": d, "splits": n}
+                  for (p, d), n in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))],
     }
 
 
@@ -146,8 +188,10 @@ def run_figures(settings: Settings, results: Sequence[RequestResult], backend_me
 
 
 def _backend_report(settings: Settings, catalog: Catalog, b: BackendEntry, mine: list[RequestResult],
-                    metrics: dict[str, float], time_scale: float, high_kappa: float, large_t: float) -> dict[str, Any]:
-    """One backend's entry of `build_report`'s ``backends``, from its successful requests ``mine``."""
+                    metrics: dict[str, float], time_scale: float, high_kappa: float, large_t: float,
+                    prefills: int) -> dict[str, Any]:
+    """One backend's entry of `build_report`'s ``backends``, from its successful requests ``mine`` (a split
+    request's is its decode backend's) and the ``prefills`` it ran for split requests."""
     kappas = [r.kappa_ratio for r in mine if r.kappa_ratio is not None]
     loaded = [r.kappa_ratio_loaded for r in mine if r.kappa_ratio_loaded is not None]
     crits = [r.kappa_crit for r in mine if r.kappa_crit is not None]
@@ -163,7 +207,7 @@ def _backend_report(settings: Settings, catalog: Catalog, b: BackendEntry, mine:
     return {
         "id": b.id, "hardware": f"{b.hardware} x{b.tensor_parallel}"
                                 + (f" capped {b.power_cap_w:g} W" if b.power_cap_w else ""),
-        "role": b.labels.get("role", ""), "kappa_crit_linear": settings.backend_spec(catalog, b).kappa_crit_linear,
+        "role": b.labels.get("role", ""), "kv_role": b.kv_role, "kappa_crit_linear": settings.backend_spec(catalog, b).kappa_crit_linear,
         "requests": len(mine), "idle": not mine,
         "regimes": {"compute": sum(r.regime == "compute" for r in mine), "transfer": transfer},
         "transfer_share": transfer / len(mine) if mine else None,
@@ -179,6 +223,7 @@ def _backend_report(settings: Settings, catalog: Catalog, b: BackendEntry, mine:
         "prefix_hit_ratio": cached / prompt if prompt else None,
         "energy_j": energy, "energy_per_request_j": energy / len(mine) if energy is not None and mine else None,
         "kv_pool_loaded_bytes": metrics.get("mock_vllm:kv_pool_loaded_bytes_total"),
+        "prefills": prefills,
     }
 
 

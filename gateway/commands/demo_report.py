@@ -20,7 +20,10 @@ LEGEND_KEYS = ("kappa_crit_linear", "transfer_share", "kappa_ratio", "kappa_rati
                "high_kappa_share")
 """The definitions the legend prints, in order (the comparison table adds ``kappa_vs_baseline``; the
 measured κ_crit's line carries its own, `SELF_CONSISTENCY`)."""
+PD_LEGEND_KEYS = ("kv_role", "split_share", "splits_per_pair")
+"""A P/D fleet's further definitions (its table adds the kv_role and prefills columns)."""
 TABLE_WIDTH = 196  # 16 columns, the hardware one wide
+PD_TABLE_WIDTH = 216  # and a P/D fleet's two more
 
 
 def _f(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -33,8 +36,9 @@ def _crit_p50(b: dict[str, Any]) -> str:
     return _f(b["kappa_crit_p50"], ".1f")
 
 
-def _backend_row(b: dict[str, Any]) -> list[str]:
-    head = [b["id"], b["hardware"], f"{b['kappa_crit_linear']:.1f}", str(b["requests"])]
+def _backend_row(b: dict[str, Any], pd: bool) -> list[str]:
+    head = [b["id"], b["hardware"], *((b["kv_role"], str(b["prefills"])) if pd else ()), f"{b['kappa_crit_linear']:.1f}",
+            str(b["requests"])]
     if b["requests"] == 0:
         return head + [IDLE] * 12
     energy = _f(b["energy_per_request_j"], ",.0f")
@@ -50,11 +54,12 @@ def _backend_table(report: dict[str, Any]) -> Table:
              f"{report['policy']}, {report['wall_s']} s of wall time")
     table = Table(title=title, caption=report["workload"])
     large_t = f"T≥{report['large_t_threshold_tokens'] / 1e3:.1f}k"
-    for col in ("backend", "hardware", "κ_crit_lin", "reqs", "transfer", "κ p50", "κ p90", "κ_load p90", "κ_crit p50",
+    pd = report.get("pd") is not None
+    for col in ("backend", "hardware", *(("kv_role", "prefills") if pd else ()), "κ_crit_lin", "reqs", "transfer", "κ p50", "κ p90", "κ_load p90", "κ_crit p50",
                 large_t, "hit", "TTFT p50", "TTFT p90", "E2E p90", "ITL p50 ms", "J/req"):
-        table.add_column(col, justify="left" if col in ("backend", "hardware") else "right", no_wrap=True)
+        table.add_column(col, justify="left" if col in ("backend", "hardware", "kv_role") else "right", no_wrap=True)
     for b in report["backends"]:
-        table.add_row(*_backend_row(b))
+        table.add_row(*_backend_row(b, pd))
     return table
 
 
@@ -75,6 +80,8 @@ def _comparison_table(report: dict[str, Any]) -> Table:
         table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
     for label, key, fmt, scale, ratio in COMPARED:
         table.add_row(label, _f(mine[key], fmt, scale), _f(theirs[key], fmt, scale), _f(ratios[ratio], ".2f"))
+    if report.get("pd") is not None and base.get("pd") is not None:
+        table.add_row("split share", _f(report["pd"]["split_share"], ".1%"), _f(base["pd"]["split_share"], ".1%"), "")
     table.add_row("errors", str(mine["errors"]), str(theirs["errors"]), "")
 
     def split(figures: dict[str, Any]) -> str:
@@ -119,7 +126,18 @@ def _reconciliation(report: dict[str, Any]) -> str:
             "own κ_crit there is higher than its κ_ratio_loaded.")
 
 
+def pd_line(pd: dict[str, Any]) -> str:
+    """A P/D run's splits in words (`gateway.commands.demo_figures.pd_figures`)."""
+    counted = pd["splits_counted_by_gateway"]
+    pairs = ", ".join(f"{x['prefill_backend']} → {x['decode_backend']} {x['splits']}" for x in pd["pairs"]) or "none"
+    return (f"P/D: {pd['splits']} requests split, split share {_f(pd['split_share'], '.1%')}"
+            + (f" (the gateway counted {counted:g} in gateway_pd_splits_total)" if counted is not None else "")
+            + f"; {pd['prefill_fallbacks']} prefill fallbacks to aggregated. Splits per (prefill → decode): {pairs}.")
+
+
 def _notes(report: dict[str, Any], console: Console) -> None:
+    if report.get("pd") is not None:
+        console.print(pd_line(report["pd"]))
     roles = report.get("placement_by_role", {})
     if roles:
         console.print("Placement by role — high-κ share / large-T share of each role's requests: " + "; ".join(
@@ -155,11 +173,12 @@ def _notes(report: dict[str, Any], console: Console) -> None:
 def print_report(report: dict[str, Any], console: Console) -> None:
     """Print `gateway.commands.demo.run_demo`'s dict (or one run's, `build_report`'s, with ``wall_s``
     and ``workload``) for a person."""
-    if console.width < TABLE_WIDTH:  # a narrow terminal: wider lines wrap, the table's columns keep their figures
-        console = Console(width=TABLE_WIDTH, file=console.file)
+    width = TABLE_WIDTH if report.get("pd") is None else PD_TABLE_WIDTH
+    if console.width < width:  # a narrow terminal: wider lines wrap, the table's columns keep their figures
+        console = Console(width=width, file=console.file)
     console.print(_backend_table(report))
     _notes(report, console)
-    keys = list(LEGEND_KEYS)
+    keys = list(LEGEND_KEYS) + (list(PD_LEGEND_KEYS) if report.get("pd") is not None else [])
     if report.get("baseline"):
         console.print(_comparison_table(report))
         keys.append("kappa_vs_baseline")

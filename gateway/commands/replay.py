@@ -38,7 +38,7 @@ CONNECT_TIMEOUT_S = 10.0
 QUEUED_THRESHOLD_S = 0.001
 """A request counts as client-queued when it waited longer than this for a slot, s."""
 ERROR_EXAMPLES = 5
-KAPPA_HEADERS = ("x-kappa-backend", "x-kappa-ratio", "x-kappa-ratio-loaded", "x-kappa-crit", "x-kappa-regime",
+KAPPA_HEADERS = ("x-kappa-backend", "x-kappa-prefill-backend", "x-kappa-ratio", "x-kappa-ratio-loaded", "x-kappa-crit", "x-kappa-regime",
                  "x-request-id")
 
 
@@ -62,7 +62,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     completion_tokens: int | None = None
-    backend: str | None = None       # x-kappa-backend
+    backend: str | None = None       # x-kappa-backend (a split request's: where it decoded)
+    prefill_backend: str | None = None  # x-kappa-prefill-backend: a split request's prefill backend
     kappa_ratio: float | None = None  # x-kappa-ratio: K/T, every cached token
     kappa_ratio_loaded: float | None = None  # x-kappa-ratio-loaded: K_loaded/T (host tier + KV pool)
     kappa_crit: float | None = None  # x-kappa-crit: the request's κ_crit there (inf: never transfer-bound)
@@ -195,6 +196,7 @@ async def _send(session: aiohttp.ClientSession, endpoint: str, body: dict[str, A
             got = {name: resp.headers.get(name) for name in KAPPA_HEADERS}
             result.backend, result.regime, result.request_id = (
                 got["x-kappa-backend"], got["x-kappa-regime"], got["x-request-id"])
+            result.prefill_backend = got["x-kappa-prefill-backend"]
             result.kappa_ratio = _float_header(got["x-kappa-ratio"])
             result.kappa_ratio_loaded = _float_header(got["x-kappa-ratio-loaded"])
             result.kappa_crit = _float_header(got["x-kappa-crit"])

@@ -178,3 +178,47 @@ def test_an_idle_backend_reads_idle_never_nan_or_inf(capsys: pytest.CaptureFixtu
     text = " ".join(lines)
     assert "power-capped idle" in text and "h100-capped idle" in text
     assert not re.search(r"\b(nan|inf|infinity)\b", text.split("Legend")[0], re.IGNORECASE)
+
+
+# --- issue 26: the demo on a P/D fleet ----------------------------------------------------------
+
+PD_SETTINGS = load_settings(CONFIG_DIR / "fleet.pd.local.yaml", default_catalog(), env={})
+
+
+def split(i: int, prefill: str | None, decode: str) -> RequestResult:
+    return RequestResult(index=i, arrival_s=0.0, sent_s=0.0, status=200, ttft_s=0.1, e2e_s=2.0, itl_s=0.02,
+                         prompt_tokens=9_000, cached_tokens=8_999 if prefill else 0, backend=decode,
+                         prefill_backend=prefill, regime="compute")
+
+
+PD_RESULTS = [split(0, "b200-p0", "h100-d0"), split(1, "b200-p0", "h100-d0"), split(2, "b200-p1", "h100-d1"),
+              split(3, None, "gh200"), RequestResult(index=4, arrival_s=0.0, sent_s=0.0, status=503, error="no backend")]
+
+
+def test_a_pd_fleet_reports_kv_roles_the_split_share_and_splits_per_pair(capsys: pytest.CaptureFixture[str]) -> None:
+    report = build_report(PD_SETTINGS, PD_RESULTS, {}, {"gateway_pd_splits_total": 3.0}, time_scale=1.0)
+    assert report["pd"] == {
+        "splits": 3, "split_share": 0.75, "splits_counted_by_gateway": 3.0, "prefill_fallbacks": 0,
+        "pairs": [{"prefill_backend": "b200-p0", "decode_backend": "h100-d0", "splits": 2},
+                  {"prefill_backend": "b200-p1", "decode_backend": "h100-d1", "splits": 1}]}
+    by_id = {b["id"]: b for b in report["backends"]}
+    assert {k: (b["kv_role"], b["prefills"], b["requests"]) for k, b in by_id.items()} == {
+        "b200-p0": ("prefill", 2, 0), "b200-p1": ("prefill", 1, 0), "gh200": ("both", 0, 1),
+        "h100-d0": ("decode", 0, 2), "h100-d1": ("decode", 0, 1)}
+    json.dumps(report, allow_nan=False)
+    lines = printed(report, capsys, lines=True)
+    text = " ".join(" ".join(lines).split())
+    assert "split share 75.0% (the gateway counted 3 in gateway_pd_splits_total)" in text
+    assert "Splits per (prefill → decode): b200-p0 → h100-d0 2, b200-p1 → h100-d1 1." in text
+    header = next(line for line in lines if "backend" in line and "hardware" in line)
+    assert "hardware ┃ kv_role ┃ prefills ┃ κ_crit_lin" in header
+    assert next(line for line in lines if line.startswith("b200-p0 ")).split()[3:5] == ["prefill", "2"]
+    for key in ("kv_role", "split_share", "splits_per_pair"):
+        assert text.count(" ".join(DEFINITIONS[key].split())) == 1, key
+
+
+def test_an_aggregated_fleet_has_no_pd_section(capsys: pytest.CaptureFixture[str]) -> None:
+    report = build_report(SETTINGS, GH200_MOSTLY_HBM, {}, {}, time_scale=1.0)
+    assert report["pd"] is None and {b["kv_role"] for b in report["backends"]} == {"both"}
+    text = printed(report, capsys)
+    assert "kv_role" not in text and "split share" not in text and "P/D" not in text
