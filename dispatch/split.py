@@ -25,8 +25,14 @@ def charge_split(pending: PendingChains, model: str, hashes: Sequence[int], feat
         kv_bytes(P), and its predicted prefill seconds until the decode backend has pulled the KV
         (finish the ticket then: vLLM's NixlConnector frees a prefill's blocks once they are read);
         it decodes nothing. The decode backend holds the request's whole KV demand and its decode
-        context, with no prefill seconds (it samples once the KV has arrived). Both mark the chain
-        in flight (``pending``): both end up holding the prompt's blocks.
+        context, with no prefill seconds (it samples once the KV has arrived). Only the prefill
+        backend's chain is marked in flight (``pending``): it computes the blocks now. The decode
+        backend caches them only once they have arrived (vLLM registers pulled blocks when the
+        transfer completes), so it is credited with them when its first token comes (the caller
+        records it then). Crediting it at the decision priced the next request of a conversation
+        as a full hit there, to recompute 90k tokens while the pull was still under way (the
+        simulator, document-qa on the P/D fleet: κ's TTFT p90 2.92 s against 0.033 s without the
+        early credit; BENCHMARKS.md "P/D disaggregation (simulator)").
 
     Raises:
         ValueError: the plan is not split.
@@ -40,10 +46,7 @@ def charge_split(pending: PendingChains, model: str, hashes: Sequence[int], feat
     prefill = Ticket(prefill_target.ledger, prompt_kv, leg.candidate.estimate.prefill_s,
                      on_finish=lambda: pending.remove(model, prefill_target.id, hashes))
     chosen = decision.chosen
-    decode_target = targets[chosen.backend_id]
-    pending.add(model, decode_target.id, hashes)
-    decode = Ticket(decode_target.ledger, chosen.estimate.kv_demand_bytes, 0.0,
-                    on_finish=lambda: pending.remove(model, decode_target.id, hashes),
+    decode = Ticket(targets[chosen.backend_id].ledger, chosen.estimate.kv_demand_bytes, 0.0,
                     context_tokens=decode_context_tokens(features),
                     output_tokens=float(features.sequences * max(features.max_tokens, 1)))
     return prefill, decode

@@ -9,10 +9,11 @@ vLLM production-stack, SGLang); none prices the transfer by the link it crosses.
 (p, d) of a request with prompt P is priced with the same terms as an aggregated placement
 (`router.policies.kappa`'s score):
 
-    ttft_s          = TTFT on p (its queue, its prefill with p's cache: `router.cost.predict`)
-                      + max(transfer, d's own host/pool load)     KV d lacks crosses link(p, d):
-                      transfer = latency + (P − K_d) · B_kv / bandwidth; what d holds in its host
-                      tier or the pool is loaded at the same time over d's own links
+    ttft_s          = max(TTFT on p (its queue, its prefill with p's cache: `router.cost.predict`)
+                          + max(transfer, d's own host/pool load),   KV d lacks crosses link(p, d):
+                                 transfer = latency + (P − K_d) · B_kv / bandwidth; what d holds in
+                                 its host tier or the pool is loaded at the same time over d's links
+                          d's queue)       the prefills queued on d take its step budget first
                       + one decode step on d (the first token is sampled on d)
     decode_s        = (max_tokens − 1) · ITL on d, in d's batch (`router.decode.estimate_decode`)
     work_s          = prefill seconds on p (what the requests queued behind it there wait)
@@ -92,7 +93,11 @@ def price_split(features: RequestFeatures, prefill: Candidate, prefill_decoders:
     tokens = transfer_tokens(features, decode)
     transfer_s = link.transfer_s(kappa.model_constants(decode_spec.model).kv_bytes(tokens) if tokens else 0.0)
     d_est = decode.estimate
-    ttft = prefill.estimate.ttft_s + max(transfer_s, d_est.t_load_s) + decode_estimate.itl_s
+    # The pulled request joins d's waiting queue: the prefills already queued there (its ledger's
+    # outstanding prefill seconds, the aggregated TTFT less its own prefill) take d's token budget
+    # first (chunked prefill), so it starts no earlier than they end.
+    d_queue_s = d_est.ttft_s - d_est.prefill_s
+    ttft = max(prefill.estimate.ttft_s + max(transfer_s, d_est.t_load_s), d_queue_s) + decode_estimate.itl_s
     # d's interference when aggregated = batch · its prefill there + the slower steps; split, the
     # prefill runs on p and only the slower steps stay.
     slower_steps = max(decode_estimate.interference_s - decode_estimate.batch_requests * d_est.prefill_s, 0.0)
