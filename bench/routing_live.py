@@ -25,9 +25,24 @@ reach), and each mock's mean step lag (``mock_vllm:step_lag_seconds``: how late,
 its steps ran against its schedule; a machine too busy to keep the mocks on time shows there). The summary is the median of the repetitions per target and figure, with their
 min–max spread, and each peer's figure over κ's.
 
+``--pd`` (issue 26, "Peers, live"): the P/D fleet ``config/fleet.pd.local.yaml`` (two B200
+prefill, a GH200 ``both``, two H100 decode mocks speaking vLLM's NixlConnector protocol) and the
+targets ``kappa`` (κ with P/D, the config's policy), optionally ``kappa-aggregated`` (κ never
+splitting), and ``vllm-router-pd``: vllm-router 0.1.17 ``--vllm-pd-disaggregation`` (its default
+``--kv-connector nixl``: the toy proxy's two phases, which the mocks answer as vLLM does), the
+prefill-role mocks as ``--prefill``, the decode-role ones as ``--decode``, the ``both`` mock as
+``--both-as`` (decode by default: the peers have no "both" role). ``sglang-router-pd`` can be
+added, but its P/D mode speaks SGLang's bootstrap protocol, which vLLM engines ignore: each request
+is then served whole by a prefill and a decode mock at once (`bench/pd_capture.py` shows it;
+BENCHMARKS.md, "P/D peers, live"). A P/D run also reports, from the mocks, the KV pulls (split
+requests whose decode pulled blocks), their bytes and failures, and the prompt tokens the fleet
+computed (the client's ``cached_tokens`` is not comparable: vllm-router replaces the decode's
+figure by the prefill's).
+
 Usage::
 
     python bench/routing_live.py --json bench/results/routing_live.json      # 400 Mooncake requests × 3
+    python bench/routing_live.py --pd --requests 200 --targets kappa,kappa-aggregated,vllm-router-pd
     python bench/routing_live.py --requests 100 --repetitions 1             # a smoke run
 """
 
