@@ -8,6 +8,10 @@ Targets (name: package, pinned version, policy):
 - ``sglang-rr``: sglang-router 0.3.2, ``--policy round_robin`` (its relay alone);
 - ``vllm-router``: vllm-router 0.1.17, ``--policy cache_aware`` (its default too).
 
+P/D targets (`PD_PEER_ROUTERS`, `bench/routing_live.py --pd`): ``vllm-router-pd`` (vllm-router
+0.1.17 ``--vllm-pd-disaggregation``) and ``sglang-router-pd`` (sglang-router 0.3.2
+``--pd-disaggregation``, which does not speak vLLM's protocol: see `PdPeerRouter`).
+
 Both are Rust (axum + reqwest) inside a PyO3 extension: ``python -m <package>.launch_router``
 runs the router in that Python process, which renames itself ``sglang::router`` or
 ``vllm::router`` and starts no child process (checked on these versions), so the CPU of the
@@ -75,6 +79,48 @@ PEER_ROUTERS = {p.target: p for p in (
     PeerRouter("vllm-router", "vllm-router", "0.1.17", "vllm_router.launch_router", "cache_aware", "warning"),
 )}
 READINESS_PATH = "/readiness"
+
+
+@dataclass(frozen=True)
+class PdPeerRouter:
+    """One peer target in its P/D mode (issue 26): prefill workers and decode workers listed apart.
+
+    What each P/D mode sends, captured on the wire by `bench/pd_capture.py` (BENCHMARKS.md, "P/D
+    peers, live"): vllm-router's ``--vllm-pd-disaggregation`` (its default ``--kv-connector nixl``)
+    is vLLM's NixlConnector flow, the mocks' protocol; sglang-router's ``--pd-disaggregation`` sends
+    the whole request to a prefill and a decode worker at once with SGLang's ``bootstrap_host``/
+    ``bootstrap_port``/``bootstrap_room``, which vLLM engines (and the mocks) ignore, so each of the
+    two serves it in full (``drives_vllm_pd`` False: its figures are not P/D's).
+    """
+
+    target: str
+    package: str
+    version: str
+    module: str
+    pd_flag: str  # the flag turning the P/D mode on
+    policy: str  # ``--policy``: both prefill and decode inherit it
+    log_level: str
+    drives_vllm_pd: bool  # whether its P/D mode speaks vLLM's (NixlConnector) protocol
+
+    def command(self, python: Path, prefill_urls: Sequence[str], decode_urls: Sequence[str], port: int,
+                metrics_port: int) -> list[str]:
+        """The command line in front of ``prefill_urls`` and ``decode_urls`` (no bootstrap ports:
+        vLLM engines run no SGLang bootstrap server)."""
+        cmd = [str(python), "-m", self.module, "--host", "127.0.0.1", "--port", str(port), self.pd_flag]
+        for url in prefill_urls:
+            cmd += ["--prefill", url]
+        for url in decode_urls:
+            cmd += ["--decode", url]
+        return cmd + ["--policy", self.policy, "--log-level", self.log_level,
+                      "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
+
+
+PD_PEER_ROUTERS = {p.target: p for p in (
+    PdPeerRouter("vllm-router-pd", "vllm-router", "0.1.17", "vllm_router.launch_router", "--vllm-pd-disaggregation",
+                 "cache_aware", "warning", True),
+    PdPeerRouter("sglang-router-pd", "sglang-router", "0.3.2", "sglang_router.launch_router", "--pd-disaggregation",
+                 "cache_aware", "warn", False),
+)}
 
 
 class PeerUnavailable(Exception):
@@ -154,13 +200,14 @@ def install_peers(targets: Iterable[str], root: Path, *, stderr: TextIO = sys.st
     """Install (or find) the venvs of the peer targets among ``targets``, one per package.
 
     Args:
-        targets: bench target names; those not in `PEER_ROUTERS` are ignored.
+        targets: bench target names; those in neither `PEER_ROUTERS` nor `PD_PEER_ROUTERS` are ignored.
         root: as for `ensure_venv`; ``install_options`` are passed to it.
         stderr: where each package that cannot be installed gets one line.
 
     Returns: (target -> venv interpreter, for the installed ones; target -> why it is skipped).
     """
-    peers = [PEER_ROUTERS[t] for t in targets if t in PEER_ROUTERS]
+    known = {**PEER_ROUTERS, **PD_PEER_ROUTERS}
+    peers = [known[t] for t in targets if t in known]
     pythons: dict[str, Path] = {}
     skipped: dict[str, str] = {}
     for package, version in dict.fromkeys((p.package, p.version) for p in peers):
@@ -185,3 +232,18 @@ def is_ready(status: int, body: bytes, n_workers: int) -> bool:
     except ValueError:
         return False
     return isinstance(doc, dict) and doc.get("healthy_workers") == n_workers
+
+
+def is_pd_ready(status: int, body: bytes, n_prefill: int, n_decode: int) -> bool:
+    """Whether a P/D-mode ``GET /readiness`` answer says every prefill and decode worker is healthy:
+    vllm-router's ``{"status": "ready", "prefill": {"healthy": N, ...}, "decode": {...}}``, or the
+    aggregated shape (`is_ready`) with all ``n_prefill + n_decode`` workers."""
+    if status != 200:
+        return False
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    if isinstance(doc, dict) and isinstance(doc.get("prefill"), dict) and isinstance(doc.get("decode"), dict):
+        return doc["prefill"].get("healthy") == n_prefill and doc["decode"].get("healthy") == n_decode
+    return is_ready(status, body, n_prefill + n_decode)

@@ -106,6 +106,36 @@ def test_readiness_needs_every_worker_healthy(bench, body, ready: bool) -> None:
     assert peers.is_ready(200, b"OK", 8) is False
 
 
+def test_pd_command_lines_list_prefill_then_decode_workers(bench) -> None:
+    """The P/D modes (issue 26), from each ``--help``: no bootstrap port after a prefill URL."""
+    _, peers = bench
+    python = Path("/venv/bin/python")
+    prefill, decode = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"], ["http://127.0.0.1:9003"]
+    assert set(peers.PD_PEER_ROUTERS) == {"vllm-router-pd", "sglang-router-pd"}
+    for target, (module, flag, level, drives) in {
+            "vllm-router-pd": ("vllm_router.launch_router", "--vllm-pd-disaggregation", "warning", True),
+            "sglang-router-pd": ("sglang_router.launch_router", "--pd-disaggregation", "warn", False)}.items():
+        peer = peers.PD_PEER_ROUTERS[target]
+        assert peer.drives_vllm_pd is drives
+        assert peer.command(python, prefill, decode, port=8100, metrics_port=8101) == [
+            "/venv/bin/python", "-m", module, "--host", "127.0.0.1", "--port", "8100", flag,
+            "--prefill", prefill[0], "--prefill", prefill[1], "--decode", decode[0], "--policy", "cache_aware",
+            "--log-level", level, "--prometheus-host", "127.0.0.1", "--prometheus-port", "8101"]
+        assert (peer.package, peer.version) in {(p.package, p.version) for p in peers.PEER_ROUTERS.values()}
+
+
+@pytest.mark.parametrize(("body", "ready"), [
+    ({"status": "ready", "prefill": {"healthy": 2, "total": 2}, "decode": {"healthy": 3, "total": 3}}, True),
+    ({"status": "ready", "prefill": {"healthy": 2, "total": 2}, "decode": {"healthy": 2, "total": 3}}, False),
+    ({"status": "ready", "healthy_workers": 5, "total_workers": 5}, True),
+    ({"status": "ready", "healthy_workers": 4, "total_workers": 5}, False),
+], ids=["vllm-pd-all", "vllm-pd-one-short", "aggregated-shape-all", "aggregated-shape-one-short"])
+def test_pd_readiness_counts_prefill_and_decode_workers(bench, body, ready: bool) -> None:
+    _, peers = bench
+    assert peers.is_pd_ready(200, json.dumps(body).encode(), 2, 3) is ready
+    assert peers.is_pd_ready(503, json.dumps(body).encode(), 2, 3) is False
+
+
 def test_only_gateways_are_scraped_for_histograms(bench) -> None:
     overhead, _ = bench
     assert [t for t in ("direct", "bare", "bare-w2", "memory", "redis", "redis@x", "relay", "sglang-cache",
