@@ -46,6 +46,10 @@ MIN_TRANSFERS = 3
 """Transfers measured before a link's bandwidth is judged (one transfer can be an outlier)."""
 DRY_SCRAPES = 2
 """Scrapes with splits expected and no KV-transfer data before a link is called broken ("No Data")."""
+MATCH_SCRAPES = 3
+"""Scrapes the gateway waits for a decode engine's transfer count to reach its own count of splits there
+before it judges what moved (a window whose pulls and first bytes straddle a scrape is not judged on
+half of it)."""
 IDLE_SCRAPES = 30
 """Scrapes without a split of ours after which a decode engine's accumulated transfer figures are dropped."""
 WINDOWS = 32
@@ -86,6 +90,7 @@ class _Pulled:
     exported: bool = False
     dry: int = 0
     idle: int = 0
+    short: int = 0
     # The judged windows, newest last: ({link: GB it carried}, seconds less latency); kept across resets.
     windows: deque[tuple[dict[tuple[str, str], float], float]] = field(default_factory=lambda: deque(maxlen=WINDOWS))
 
@@ -95,10 +100,16 @@ class _Pulled:
             return
         if current.kv_transfer_count < previous.kv_transfer_count:  # a restart: counters start again
             return
-        self.count += current.kv_transfer_count - previous.kv_transfer_count
+        self.count += (current.kv_transfer_count - previous.kv_transfer_count) / tensor_parallel
         self.bytes += current.kv_transfer_bytes_total - previous.kv_transfer_bytes_total
         self.seconds += (current.kv_transfer_seconds_total - previous.kv_transfer_seconds_total) / tensor_parallel
         self.failed += max(current.kv_transfer_failures_total - previous.kv_transfer_failures_total, 0.0)
+
+    def waited(self) -> bool:
+        """One more scrape in which the engine's transfers fell short of the gateway's count; True once
+        MATCH_SCRAPES of them have passed (judge what there is: some splits pulled nothing)."""
+        self.short += 1
+        return self.short >= MATCH_SCRAPES
 
     def idle_scrapes(self) -> bool:
         """One more scrape without a split of ours: True when what accumulated is too old to match one
@@ -109,7 +120,7 @@ class _Pulled:
 
     def reset(self) -> None:
         self.count = self.bytes = self.seconds = self.failed = 0.0
-        self.dry = self.idle = 0
+        self.dry = self.idle = self.short = 0
 
 
 @dataclass(slots=True)
@@ -123,6 +134,7 @@ class LinkRecord:
     reason: str = "no transfer seen yet"
     since_s: float = 0.0
     probing: bool = False
+    probe_s: float = 0.0  # when its probe began
     delivered_bytes_per_s: float | None = None
     transfers: int = 0  # transfers measured (since its last probe)
     window_bytes: float = 0.0  # splits sent over it since its decode engine's last scrape
@@ -178,7 +190,7 @@ class PdLinks:
     def transferred(self, prefill_id: str, decode_id: str, kv_bytes: float) -> None:
         """A split's decode phase got its first byte: its ``kv_bytes`` crossed link(prefill, decode)."""
         record = self.links.get((prefill_id, decode_id))
-        if record is not None:
+        if record is not None and kv_bytes > 0:  # a decoder that holds every block pulls nothing
             record.window_bytes += kv_bytes
             record.window_transfers += 1
 
@@ -197,7 +209,7 @@ class PdLinks:
         pulled.add(previous, current, self.tensor_parallel.get(decode_id, 1))
         used = [r for r in into if r.window_transfers]
         before = self.unusable()
-        if used:
+        if used and (pulled.count >= sum(r.window_transfers for r in used) or pulled.waited()):
             self._judge(used, pulled)
         elif pulled.idle_scrapes():  # long without a split of ours: what moved was another gateway's
             pulled.reset()
@@ -216,7 +228,7 @@ class PdLinks:
             return
         if pulled.count <= 0 or pulled.bytes <= 0 or pulled.seconds <= 0:
             pulled.dry += 1
-            if pulled.dry >= DRY_SCRAPES:
+            if pulled.dry >= DRY_SCRAPES and expected >= MIN_TRANSFERS:
                 what = "exports no KV-transfer metrics" if not pulled.exported else "KV-transfer metrics did not move"
                 for r in used:
                     self._set(r, LinkHealth.BROKEN, f"no data: {expected} transfers expected into {r.decode_id} over "
@@ -275,11 +287,14 @@ class PdLinks:
         """Let one link that is not healthy through, per decode engine at a time (so that its probe's
         transfers are told apart from the other links'), once it has waited ``probe_interval_s``."""
         now = self.clock()
+        for r in into:  # a probe no split has used for a probe interval gives its turn to the next link
+            if r.probing and now - r.probe_s >= self.probe_interval_s:
+                r.probing, r.since_s = False, now
         if any(r.probing for r in into):
             return
-        for r in into:
+        for r in sorted(into, key=lambda r: r.since_s):  # the longest waiting first
             if r.state is not LinkHealth.HEALTHY and now - r.since_s >= self.probe_interval_s:
-                r.probing = True
+                r.probing, r.probe_s = True, now
                 r.transfers = 0
                 pulled = self._pulled.get(r.decode_id)
                 if pulled is not None:  # its old windows would outvote the probe

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from dispatch import BackendMetrics
 from fleet_config.interconnect import DEFAULT_PROBE_INTERVAL_S as PROBE_INTERVAL_S
-from gateway.backends.pd_links import DRY_SCRAPES, MIN_TRANSFERS, PdLinks
+from gateway.backends.pd_links import DRY_SCRAPES, MATCH_SCRAPES, MIN_TRANSFERS, PdLinks
 from gateway.telemetry.pd import PdTelemetry
 from router.links import Interconnect, Link, LinkHealth
 
@@ -88,15 +88,40 @@ def test_failed_pulls_break_the_link_at_once() -> None:
 
 def test_no_data_while_transfers_are_expected_breaks_the_link() -> None:
     """The GH200-without-RDMA failure: splits go out, the decode engine's transfer metrics read
-    nothing. One scrape may just lag the gateway's count; DRY_SCRAPES of them cannot."""
+    nothing. A scrape or two may just lag the gateway's count, and one split may have pulled nothing
+    (its decoder held every block): broken only once MIN_TRANSFERS were expected over DRY_SCRAPES."""
     for exported in (False, True):
         h = Harness()
-        for _ in range(DRY_SCRAPES - 1):
+        for _ in range(MIN_TRANSFERS - 1):
             h.transfer(50.0, exported=exported, moved=False)
             assert h.state() is LinkHealth.HEALTHY
-        h.transfer(50.0, exported=exported, moved=False)
+        for _ in range(MATCH_SCRAPES + DRY_SCRAPES):
+            h.transfer(50.0, exported=exported, moved=False)
         assert h.state() is LinkHealth.BROKEN
         assert "no data" in h.links.links[("p", "d")].reason
+
+
+def test_a_split_that_pulled_nothing_is_no_evidence() -> None:
+    h = Harness()
+    for _ in range(MATCH_SCRAPES + DRY_SCRAPES + MIN_TRANSFERS):
+        h.links.transferred("p", "d", 0.0)  # its decoder held every block
+        h.links.scraped("d", h.metrics, h.metrics)
+    assert h.state() is LinkHealth.HEALTHY
+
+
+def test_a_probe_no_split_takes_gives_its_turn_to_the_next_link() -> None:
+    h = Harness()
+    rates = {"p": 1.0, "p2": 1.0}
+    for _ in range(MIN_TRANSFERS):
+        scrape_mixed(h, {"p": 2.0, "p2": 2.0}, rates)
+    assert h.state("p") is h.state("p2") is LinkHealth.DEGRADED
+    h.now += PROBE_INTERVAL_S
+    scrape_mixed(h, {}, rates)
+    first = [k for k, r in h.links.links.items() if r.probing]
+    h.now += PROBE_INTERVAL_S  # the router never split over it
+    scrape_mixed(h, {}, rates)
+    second = [k for k, r in h.links.links.items() if r.probing]
+    assert len(first) == len(second) == 1 and first != second
 
 
 def scrape_mixed(h: Harness, gb: dict[str, float], rates: dict[str, float]) -> None:
