@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
 from dispatch.ledger import Ticket
 from dispatch.split import charge_split
+from dispatch.views import view_of
 from dispatch.target import Target
 from prefix_index import (
     NO_MATCH,
@@ -223,7 +224,7 @@ class Dispatcher:
             block_size_tokens=tokens_per_block,
             sequences=request.sequences,
         )
-        views = tuple(_view(t, matches.get(t.id, NO_MATCH), capacities[t.id]) for t in targets)
+        views = tuple(view_of(t, matches.get(t.id, NO_MATCH), capacities[t.id]) for t in targets)
         pd = self.pd if self.pd is None or split else self.pd.unsplit()
         if dry_run:
             rng = random.Random()
@@ -374,19 +375,3 @@ def _always() -> bool:
 
 async def _in_turn(*calls: Awaitable[Any]) -> list[Any]:
     return [await call for call in calls]
-
-
-def _view(target: Target, match: BlockMatch, capacity: TierCapacity) -> BackendView:
-    m, ledger = target.metrics, target.ledger
-    return BackendView(
-        backend_id=target.id, spec=target.spec,
-        matched_blocks=match.matched_blocks, hbm_blocks=match.hbm_blocks, host_blocks=match.host_blocks,
-        kv_pool_blocks=match.kv_pool_blocks, in_flight_blocks=match.in_flight_blocks,
-        cached_blocks=min(ledger.recorded_blocks, capacity.total_blocks),
-        in_flight=ledger.total_in_flight, kv_demand_bytes=ledger.total_kv_demand_bytes,
-        outstanding_prefill_s=ledger.total_outstanding_prefill_s, kv_capacity_bytes=target.kv_capacity_bytes,
-        num_requests_waiting=m.num_requests_waiting, num_requests_running=m.num_requests_running,
-        kv_cache_usage_ratio=m.kv_cache_usage_ratio,
-        context_tokens=ledger.total_context_tokens, output_tokens=ledger.total_output_tokens,
-        foreign_requests=target.foreign_requests,
-    )

@@ -71,9 +71,13 @@ def decode_context_tokens(features: RequestFeatures) -> float:
 def decode_step_s(spec: BackendSpec, sequences: float, context_tokens: float) -> float:
     """One decode step of ``sequences`` sequences holding ``context_tokens`` tokens of context in
     all, on ``spec``: the roofline of the module docstring, seconds (0 for an empty batch)."""
+    return _step_s(kappa.model_constants(spec.model), spec, sequences, context_tokens)
+
+
+def _step_s(c: kappa.ModelConstants, spec: BackendSpec, sequences: float, context_tokens: float) -> float:
+    """`decode_step_s` with the model's constants ``c`` already looked up (once per candidate)."""
     if sequences <= 0:
         return 0.0
-    c = kappa.model_constants(spec.model)
     flops = sequences * c.f_linear + c.a_full * context_tokens
     # Per sequence: sliding-window layers hold at most their window of each one's context.
     hbm = c.weights_read_bytes(sequences) + sequences * c.kv_bytes(context_tokens / sequences)
@@ -82,26 +86,57 @@ def decode_step_s(spec: BackendSpec, sequences: float, context_tokens: float) ->
     return max(flops / spec.c_eff_flops_per_s, hbm / spec.hbm_bandwidth_bytes_per_s)
 
 
+class DecodePricer:
+    """One request's decode, priced on each candidate backend: the request's own figures (its
+    output, sequences and context) are derived once, not once per candidate.
+
+    `seconds` is the arithmetic of the module docstring, and the only copy of it: `estimate`
+    (and `estimate_decode`) wraps its figures in a `DecodeEstimate`; a policy that only scores
+    the candidates reads the bare figures, and allocates nothing per candidate (mypyc returns
+    the tuple unboxed).
+    """
+
+    def __init__(self, features: RequestFeatures) -> None:
+        self.output = max(features.max_tokens, 1)
+        self.sequences = max(features.sequences, 1)
+        self.own_context = decode_context_tokens(features)
+        self._spec: BackendSpec | None = None  # the last candidate's spec (equal specs are one object)
+        self._constants: kappa.ModelConstants | None = None  # and its model's constants
+
+    def seconds(self, estimate: CostEstimate, view: BackendView) -> tuple[float, float, float, int]:
+        """The request's decode on ``view``'s backend (priced alone there as ``estimate``):
+        ``(itl_s, decode_s, interference_s, batch_requests)``, as in `DecodeEstimate`."""
+        output, sequences, own_context = self.output, self.sequences, self.own_context
+        batch = view.in_flight
+        context = view.context_tokens
+        if view.foreign_requests:  # requests the ledger does not see (another gateway, direct clients)
+            mean = context / batch if batch else own_context / sequences
+            context += view.foreign_requests * mean
+            batch += view.foreign_requests
+        spec = view.spec
+        c = self._constants
+        if spec is not self._spec or c is None:
+            c = self._constants = kappa.model_constants(spec.model)
+            self._spec = spec
+        itl = _step_s(c, spec, batch + sequences, context + own_context)
+        decode = (output - 1) * itl
+        interference = 0.0
+        if batch:
+            overlap = min(batch * output, view.output_tokens / 2.0)
+            interference = batch * estimate.prefill_s + (itl - _step_s(c, spec, batch, context)) * overlap
+        return itl, decode, interference, batch
+
+    def estimate(self, estimate: CostEstimate, view: BackendView) -> DecodeEstimate:
+        """`seconds` as a `DecodeEstimate` (its E2E: ``estimate``'s TTFT + the decode)."""
+        itl, decode, interference, batch = self.seconds(estimate, view)
+        return DecodeEstimate(itl, decode, estimate.ttft_s + decode, interference, batch)
+
+
 def estimate_decode(features: RequestFeatures, estimate: CostEstimate, view: BackendView) -> DecodeEstimate:
     """The decode of a request (``features``, priced alone on ``view``'s backend as ``estimate``)
     in the batch that backend holds (`BackendView` ledger and scraped figures).
 
-    Returns: a `DecodeEstimate` (formulas in the module docstring).
+    Returns: a `DecodeEstimate` (formulas in the module docstring; `DecodePricer` prices many
+    backends for one request).
     """
-    output = max(features.max_tokens, 1)
-    sequences = max(features.sequences, 1)
-    own_context = decode_context_tokens(features)
-    batch = view.in_flight
-    context = view.context_tokens
-    if view.foreign_requests:  # requests the ledger does not see (another gateway, direct clients)
-        mean = context / batch if batch else own_context / sequences
-        context += view.foreign_requests * mean
-        batch += view.foreign_requests
-    spec = view.spec
-    itl = decode_step_s(spec, batch + sequences, context + own_context)
-    decode = (output - 1) * itl
-    interference = 0.0
-    if batch:
-        overlap = min(batch * output, view.output_tokens / 2.0)
-        interference = batch * estimate.prefill_s + (itl - decode_step_s(spec, batch, context)) * overlap
-    return DecodeEstimate(itl, decode, estimate.ttft_s + decode, interference, batch)
+    return DecodePricer(features).estimate(estimate, view)

@@ -62,9 +62,14 @@ class AccessLog:
     def __init__(self, enabled: bool, json_lines: bool) -> None:
         self.enabled, self.json_lines = enabled, json_lines
 
+    def writes(self) -> bool:
+        """Whether `write` writes a line now (enabled, and the logger at INFO or below): a caller
+        whose fields cost something to gather (the relay's, once per request) asks first."""
+        return self.enabled and log.isEnabledFor(logging.INFO)
+
     def write(self, **fields: Any) -> None:
         """Log one request; unknown fields are a programming error (``KeyError`` in tests)."""
-        if not self.enabled or not log.isEnabledFor(logging.INFO):
+        if not self.writes():
             return
         unknown = fields.keys() - set(FIELDS)
         if unknown:

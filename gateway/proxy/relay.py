@@ -213,6 +213,8 @@ class Relay:
         self._log(outcome)
 
     def _log(self, outcome: str) -> None:
+        if not self.gw.access_log.writes():
+            return
         c, obs, status = self.sent.candidate, self.observer, self.sent.resp.status
         if self.sent.resp.headers.get("content-type", "").startswith("text/event-stream") or outcome == "ok":
             pass  # a stream that began is 200 (or the backend's status) whatever its end

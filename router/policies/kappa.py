@@ -52,7 +52,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from router.decode import DecodeEstimate, estimate_decode
+from router.cost import CostEstimate
+from router.decode import DecodeEstimate, DecodePricer, estimate_decode
 from router.pd import SplitEstimate, price_split
 from router.policies.base import PolicyConfigError, params_reduce, parse_params, require
 from router.types import BackendView, Candidate, Decision, PdFleet, RequestFeatures
@@ -155,19 +156,32 @@ class KappaPolicy:
     def score(self, candidate: Candidate, decode: DecodeEstimate | None = None) -> float:
         """The policy's score of a candidate, seconds (lower is better; formula in the module
         docstring). ``decode`` is required when `KappaParams.prices_decode`."""
-        p, est = self.params, candidate.estimate
-        score = p.ttft_weight * est.ttft_s + p.work_weight * est.prefill_s
+        score = self._prefill_score(candidate.estimate)
         if decode is not None:
-            score += p.decode_weight * decode.decode_s + p.interference_weight * decode.interference_s
+            score += self._decode_score(decode.decode_s, decode.interference_s)
         return score
+
+    def _prefill_score(self, est: CostEstimate) -> float:
+        """The score's TTFT and prefill-work terms."""
+        return self.params.ttft_weight * est.ttft_s + self.params.work_weight * est.prefill_s
+
+    def _decode_score(self, decode_s: float, interference_s: float) -> float:
+        """The score's decode and interference terms (added to `_prefill_score` as one sum)."""
+        return self.params.decode_weight * decode_s + self.params.interference_weight * interference_s
 
     def decide(self, features: RequestFeatures, candidates: Sequence[Candidate],
                views: Sequence[BackendView], rng: random.Random) -> Decision:
         p = self.params
-        decodes: dict[str, DecodeEstimate] = {}
-        if p.prices_decode:
-            decodes = {c.backend_id: estimate_decode(features, c.estimate, v) for c, v in zip(candidates, views)}
-        scores = {c.backend_id: self.score(c, decodes.get(c.backend_id)) for c in candidates}
+        # `score` for every candidate, without a `DecodeEstimate` per candidate: the chosen one's
+        # is re-priced for the reason below (the same arithmetic on the same figures, bit for bit).
+        scores: dict[str, float] = {}
+        pricer = DecodePricer(features) if p.prices_decode else None
+        for c, v in zip(candidates, views):
+            score = self._prefill_score(c.estimate)
+            if pricer is not None:
+                _, decode_s, interference_s, _ = pricer.seconds(c.estimate, v)
+                score += self._decode_score(decode_s, interference_s)
+            scores[c.backend_id] = score
         slo = p.ttft_slo_s
         if slo <= 0:
             admitted = [c for c in candidates if c.admitted]
@@ -178,16 +192,18 @@ class KappaPolicy:
             for c in candidates:
                 groups[(0 if c.admitted else 2) + (0 if c.estimate.ttft_s <= slo else 1)].append(c)
             ranked = tuple(c for group in groups for c in self._rank(group, scores, rng))
-        return self._decision(ranked, decodes)
+        decode = None
+        if pricer is not None:  # the chosen one's decode, for the reason
+            decode = pricer.estimate(ranked[0].estimate, next(v for c, v in zip(candidates, views) if c is ranked[0]))
+        return self._decision(ranked, decode)
 
-    def _decision(self, ranked: tuple[Candidate, ...], decodes: dict[str, DecodeEstimate]) -> Decision:
-        """The decision for an aggregated ranking, with its reason."""
+    def _decision(self, ranked: tuple[Candidate, ...], decode: DecodeEstimate | None) -> Decision:
+        """The decision for an aggregated ranking, with its reason (``decode``: the chosen one's, when priced)."""
         p = self.params
         slo = p.ttft_slo_s
         best = ranked[0]
         est = best.estimate
         reason = f"least predicted TTFT {est.ttft_s:.4f}s"
-        decode = decodes.get(best.backend_id)
         if decode is not None:
             reason = (f"least predicted E2E {decode.e2e_s:.4f}s (TTFT {est.ttft_s:.4f}s + decode at "
                       f"{decode.itl_s * 1000:.2f} ms/token in a batch of {decode.batch_requests}) + "
@@ -198,13 +214,19 @@ class KappaPolicy:
         return Decision(self.name, ranked, reason)
 
     def _rank(self, cands: list[Candidate], scores: dict[str, float], rng: random.Random) -> tuple[Candidate, ...]:
+        """``cands`` best first: by score, equal scores in random order (one draw per candidate, in
+        the order given), then those within ``energy_tie_ratio`` of the best by predicted energy."""
         if not cands:
             return ()
-        jitter = {c.backend_id: rng.random() for c in cands}
-        by_score = sorted(cands, key=lambda c: (scores[c.backend_id], jitter[c.backend_id]))
-        band = scores[by_score[0].backend_id] * (1 + self.params.energy_tie_ratio)
-        tied = [c for c in by_score if scores[c.backend_id] <= band]
-        tied.sort(key=lambda c: (c.estimate.energy_j, scores[c.backend_id]))
+        # (score, draw, position): a sort of plain tuples, no key function called per candidate;
+        # the position only breaks a tie of both, as a stable sort would.
+        keyed = [(scores[c.backend_id], rng.random(), i) for i, c in enumerate(cands)]
+        keyed.sort()
+        band = keyed[0][0] * (1 + self.params.energy_tie_ratio)
+        by_score = [cands[i] for _, _, i in keyed]
+        tied = [cands[i] for score, _, i in keyed if score <= band]
+        if len(tied) > 1:
+            tied.sort(key=lambda c: (c.estimate.energy_j, scores[c.backend_id]))
         return tuple(tied) + tuple(by_score[len(tied):])
 
     def decide_pd(self, features: RequestFeatures, candidates: Sequence[Candidate], views: Sequence[BackendView],
@@ -252,7 +274,7 @@ class KappaPolicy:
                       f"{best_split.ttft_s:.4f}s, E2E {best_split.e2e_s:.4f}s; score {best_split_score:.4f} against "
                       f"{agg[best.backend_id]:.4f} aggregated on {best.backend_id}")
             return Decision(self.name, (chosen,) + tuple(c for c in ranked_agg if c is not chosen), reason, leg)
-        decision = self._decision(ranked_agg, decodes)
+        decision = self._decision(ranked_agg, decodes.get(ranked_agg[0].backend_id))
         if best_split is None:
             return decision
         return Decision(self.name, decision.ranked, decision.reason + f"; aggregated: the best split scored "

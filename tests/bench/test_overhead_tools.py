@@ -280,3 +280,14 @@ def test_the_cpu_arithmetic_names_the_ceiling_of_each_target(bench) -> None:
     assert "- `ceiling_ratio_vs_one_worker_redis-w2`: 1.13" in notes
     report.cpu_arithmetic(old := row("bare", 2000, 0.3) | {"helper_cpu_ms_per_request": None}, cores=2)
     assert "ceiling_rps" not in old  # a run from before this record: no arithmetic, no notes
+
+
+def test_paired_comparison_keeps_each_rounds_ratio(bench) -> None:
+    import overhead_paired  # bench/ is on sys.path (the fixture)
+
+    # A busy phase doubled every target's CPU in round 1: the medians move, the paired ratios do not.
+    cpu = {"redis": [0.6, 1.2, 0.6], "redis@base": [0.8, 1.6, 0.8]}
+    summary = overhead_paired.summarise(cpu, "redis@base")
+    assert summary["redis"] == pytest.approx({"cpu_ms_per_request_median": 0.6, "cpu_ms_per_request_min": 0.6,
+                                              "paired_ratio_vs_redis@base": 0.75})
+    assert summary["redis@base"]["paired_ratio_vs_redis@base"] == pytest.approx(1.0)
