@@ -97,6 +97,10 @@ class ParsedRequest(RoutableRequest):
     (``NestingTooDeep.reason``), or None for a body canonicalised and hashed as usual.
     ``invalidation``: a chat body's prefix-invalidation work (`gateway.invalidation.PendingFinding`),
     None otherwise.
+    ``client_kv_transfer``: the client sent its own ``kv_transfer_params`` (non-null): its own P/D
+    flow, whose KV lives where the client put it. Relayed as sent to one backend, never retried
+    elsewhere (the params name one KV location), and a 5xx it gets (a failed KV load) is not the
+    backend's fault: not counted toward its ejection (`gateway.proxy.attempts`).
     ``splittable``: on a P/D fleet the request may be split (`gateway.proxy.disagg`): not when the
     client sent its own ``kv_transfer_params`` (relayed as sent, never split) or asked for several
     sequences (``n`` > 1: one prefill per sequence is not what vLLM's P/D flow runs).
@@ -107,6 +111,7 @@ class ParsedRequest(RoutableRequest):
     load_only_reason: str | None = None
     invalidation: PendingFinding | None = None
     splittable: bool = True
+    client_kv_transfer: bool = False
 
 
 RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
@@ -223,14 +228,16 @@ class RoutingService:
         except NestingTooDeep as exc:  # well-formed, beyond the canonicaliser: relayed on load alone
             return ParsedRequest(model=model, hashes=[], prompt_bytes=raw_bytes, max_tokens=max_tokens, kind=kind,
                                  stream=bool(stream), sequences=sequences, load_only_reason=exc.reason,
-                                 splittable=sequences == 1 and "kv_transfer_params" not in body)
+                                 splittable=sequences == 1 and body.get("kv_transfer_params") is None,
+                                 client_kv_transfer=body.get("kv_transfer_params") is not None)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
         return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
                              stream=bool(stream), sequences=sequences,
                              invalidation=PendingFinding(data, seed) if kind == "chat" else None,
-                             splittable=sequences == 1 and "kv_transfer_params" not in body)
+                             splittable=sequences == 1 and body.get("kv_transfer_params") is None,
+                             client_kv_transfer=body.get("kv_transfer_params") is not None)
 
     @staticmethod
     def _max_tokens(body: dict[str, Any], kind: Kind) -> int:

@@ -50,6 +50,8 @@ MATCH_SCRAPES = 3
 """Scrapes the gateway waits for a decode engine's transfer count to reach its own count of splits there
 before it judges what moved (a window whose pulls and first bytes straddle a scrape is not judged on
 half of it)."""
+FOREIGN_SCRAPES = 2
+"""Scrapes of a decode engine not judged after a request with the client's own kv_transfer_params went there."""
 IDLE_SCRAPES = 30
 """Scrapes without a split of ours after which a decode engine's accumulated transfer figures are dropped."""
 WINDOWS = 32
@@ -91,6 +93,7 @@ class _Pulled:
     dry: int = 0
     idle: int = 0
     short: int = 0
+    foreign: int = 0  # scrapes left in which a client's own transfer may show (not judged)
     # The judged windows, newest last: ({link: GB it carried}, seconds less latency); kept across resets.
     windows: deque[tuple[dict[tuple[str, str], float], float]] = field(default_factory=lambda: deque(maxlen=WINDOWS))
 
@@ -194,6 +197,12 @@ class PdLinks:
             record.window_bytes += kv_bytes
             record.window_transfers += 1
 
+    def foreign_transfer(self, decode_id: str) -> None:
+        """A request with the client's own ``kv_transfer_params`` went to ``decode_id``: whatever its
+        engine pulls (or fails to) in the next FOREIGN_SCRAPES scrapes is not the gateway's links' doing
+        (vLLM's transfer metrics name no peer), so those windows are not judged."""
+        self._pulled.setdefault(decode_id, _Pulled()).foreign = FOREIGN_SCRAPES
+
     def scraped(self, decode_id: str, previous: BackendMetrics, current: BackendMetrics) -> None:
         """A scrape of ``decode_id``: judge the links into it on what it pulled since it was last judged.
 
@@ -209,7 +218,10 @@ class PdLinks:
         pulled.add(previous, current, self.tensor_parallel.get(decode_id, 1))
         used = [r for r in into if r.window_transfers]
         before = self.unusable()
-        if used and (pulled.count >= sum(r.window_transfers for r in used) or pulled.waited()):
+        if pulled.foreign:  # a client's own transfer may be in these figures: judge nothing
+            pulled.foreign -= 1
+            self._settled(used, pulled)
+        elif used and (pulled.count >= sum(r.window_transfers for r in used) or pulled.waited()):
             self._judge(used, pulled)
         elif pulled.idle_scrapes():  # long without a split of ours: what moved was another gateway's
             pulled.reset()
@@ -315,7 +327,7 @@ class PdLinks:
         r.state, r.since_s = state, self.clock()
         self.telemetry.link_state.labels(r.prefill_id, r.decode_id).set(LINK_STATE_VALUES[state.value])
         if state is LinkHealth.HEALTHY:
-            log.warning("P/D link %s -> %s healthy again: %s; splits over it resume", r.prefill_id, r.decode_id, reason)
+            log.info("P/D link %s -> %s healthy again: %s; splits over it resume", r.prefill_id, r.decode_id, reason)
         else:
             log.error("P/D link %s -> %s is %s: %s. No requests are split over it until a probe finds it healthy "
                       "(every %gs); they go whole to a backend that decodes.", r.prefill_id, r.decode_id,

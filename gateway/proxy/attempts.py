@@ -125,12 +125,14 @@ class ClientWatch:
 
 async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMultiDict[str], watch: ClientWatch, *,
                      path: str, received_s: float, request_id: str, stream: bool,
-                     split: SplitAttempt | None = None) -> FirstByte:
+                     split: SplitAttempt | None = None, own_kv_transfer: bool = False) -> FirstByte:
     """Send ``body`` to the ranked backends in turn until one gives a first byte (module docstring).
 
     With ``split``, the first attempt is a split request's decode phase (its own body and ticket; no
     prefill runs there, so the κ_crit feed is not told); a retry goes whole (aggregated, ``body``) to
-    the next backend of the ranking.
+    the next backend of the ranking. ``own_kv_transfer`` (the client's own ``kv_transfer_params``):
+    one attempt, and its failure is not counted toward the backend's ejection (the KV it names lives
+    elsewhere: a failed load there is no sign of this backend's health).
 
     Raises:
         UpstreamError: the last attempt's failure, when it may not be retried or nothing is
@@ -143,7 +145,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
     deadline_s = received_s + g.upstream_first_byte_timeout_s
     per_try_s = g.upstream_per_try_timeout_s or math.inf
     idle_s = g.upstream_idle_timeout_s
-    attempts = 1 + policy.max_retries if len(body) <= policy.max_body_bytes else 1
+    attempts = 1 + policy.max_retries if len(body) <= policy.max_body_bytes and not own_kv_transfer else 1
     ranked = plan.decision.ranked[:attempts]
     for n, candidate in enumerate(ranked):
         remaining_s = deadline_s - gw.clock()
@@ -182,7 +184,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
             ticket.finish()  # the ledger and the in-flight chain are released on every path
             if not decode_phase:
                 feed.failed(sequence)
-            account_failure(gw, state, exc)
+            account_failure(gw, state, exc, eject=not own_kv_transfer)
             last_try = last or (exc.retry_kind not in policy.retry_on and not exc.moves)
             if last_try:
                 raise
@@ -242,10 +244,13 @@ def _cancelling() -> int:
     return task.cancelling() if task is not None else 0
 
 
-def account_failure(gw: GatewayState, state: BackendState, exc: UpstreamError) -> None:
+def account_failure(gw: GatewayState, state: BackendState, exc: UpstreamError, *, eject: bool = True) -> None:
     """Count a failure before the first byte; the backend's own (not a deadline that ran out)
-    count toward its ejection, 502/503/504 and connection failures as gateway failures (Envoy's)."""
+    count toward its ejection (unless ``eject`` is False), 502/503/504 and connection failures as
+    gateway failures (Envoy's)."""
     gw.telemetry.upstream_failures.labels(state.id, exc.retry_kind).inc()
+    if not eject:
+        return
     if isinstance(exc, UpstreamStatus):
         gw.backends.failed(state, exc.message, gateway_failure=exc.upstream_status in GATEWAY_FAILURE_STATUSES)
     elif isinstance(exc, (UpstreamUnavailable, UpstreamReset)) or exc.eject:

@@ -151,6 +151,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         up_headers.popall("Content-Encoding", None)  # the body goes up decoded (gateway.edge.body)
     watch = ClientWatch(request)
     prefilled: PrefillDone | None = None
+    if parsed.client_kv_transfer and gw.routing.pd_links is not None:  # a pull the links' check did not send
+        gw.routing.pd_links.foreign_transfer(plan.decision.chosen.backend_id)
     try:
         if plan.decision.prefill is not None:  # P/D: the prefill phase first (gateway.proxy.disagg)
             prefilled = await run_prefill(gw, plan, raw, up_headers, watch, path=UPSTREAM_PATHS[kind], request_id=request_id,
@@ -158,7 +160,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         try:
             sent = await first_byte(gw, plan, raw, up_headers, watch, path=UPSTREAM_PATHS[kind], received_s=received_s,
                                     request_id=request_id, stream=parsed.stream,
-                                    split=prefilled.decode if prefilled is not None else None)
+                                    split=prefilled.decode if prefilled is not None else None,
+                                    own_kv_transfer=parsed.client_kv_transfer)
         finally:
             if prefilled is not None:  # the decode has pulled the KV (its first byte), or will never
                 prefilled.ticket.finish()

@@ -28,21 +28,22 @@ ROLES = (("p", "prefill", "b200"), ("d", "decode", "h100-sxm"))
 LONG_PROMPT = " ".join(f"w{i}" for i in range(3000))  # ~3.4k tokens: the split pays
 
 
-def docs(urls: dict[str, str]) -> list[dict[str, Any]]:
-    return [{"id": bid, "url": urls[bid], "model": MODEL, "hardware": hw, "kv_role": role} for bid, role, hw in ROLES]
+def docs(urls: dict[str, str], roles: tuple[tuple[str, str, str], ...] = ROLES) -> list[dict[str, Any]]:
+    return [{"id": bid, "url": urls[bid], "model": MODEL, "hardware": hw, "kv_role": role} for bid, role, hw in roles]
 
 
 @contextmanager
-def pd_fleet(**interconnect: Any) -> Iterator[tuple[Gateway, dict[str, str]]]:
-    """The two mocks (knowing each other's id and the link) and a gateway in front of them."""
+def pd_fleet(roles: tuple[tuple[str, str, str], ...] = ROLES,
+             **interconnect: Any) -> Iterator[tuple[Gateway, dict[str, str]]]:
+    """The mocks (knowing each other's ids and the links) and a gateway in front of them."""
     section = {"default": LINK, **interconnect}
-    placeholder = {bid: f"http://127.0.0.1:{9000 + i}" for i, (bid, _, _) in enumerate(ROLES)}
+    placeholder = {bid: f"http://127.0.0.1:{9000 + i}" for i, (bid, _, _) in enumerate(roles)}
     mock_settings = parse_settings({"models": {MODEL: {"profile": MODEL}}, "interconnect": section,
-                                    "backends": docs(placeholder)}, CATALOG, env={})
+                                    "backends": docs(placeholder, roles)}, CATALOG, env={})
     with ExitStack() as stack:
         urls = {b.id: stack.enter_context(serve_in_thread(build_backend_app(
             mock_settings, b, CATALOG, time_scale=0.01, registry=CollectorRegistry()))) for b in mock_settings.backends}
-        gw = stack.enter_context(run_gateway(docs(urls), models={MODEL: {"profile": MODEL}}, interconnect=section))
+        gw = stack.enter_context(run_gateway(docs(urls, roles), models={MODEL: {"profile": MODEL}}, interconnect=section))
         poll(lambda: all(b["healthy"] for b in gw.http.get("/v1/kappa/backends").json()["backends"]), "both healthy")
         yield gw, urls
 
@@ -133,4 +134,27 @@ def test_a_link_that_delivers_a_fiftieth_is_marked_degraded_then_used_again_once
 
             poll(healthy_again, "the recovered link measured healthy by a probe", timeout_s=20)
         resp = gw.http.post("/v1/completions", json={"model": MODEL, "prompt": f"later {LONG_PROMPT}", "max_tokens": 2})
+        assert resp.headers.get("x-kappa-prefill-backend") == "p"
+
+
+def test_a_clients_own_failing_kv_transfer_is_neither_retried_nor_held_against_the_backend() -> None:
+    """A client's own P/D flow whose KV lives nowhere the decode can reach (an expired prefill,
+    another proxy's): the decode answers 500 (vLLM's kv_load_failure_policy 'fail'). The gateway
+    relays that once, retries nothing elsewhere (the params name one KV location), counts none of
+    it toward the backend's ejection, and does not blame its own link (issue 26)."""
+    foreign = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "someone-elses-prefill",
+               "remote_block_ids": [1, 2, 3], "remote_host": "127.0.0.1", "remote_port": 9,
+               "remote_request_id": "x", "tp_size": 1}
+    with pd_fleet(ROLES + (("d2", "decode", "h100-sxm"),)) as (gw, _):
+        for i in range(8):  # past outlier_detection's default consecutive_5xx (5)
+            resp = gw.http.post("/v1/completions", json={"model": MODEL, "prompt": f"{i} hello", "max_tokens": 2,
+                                                         "kv_transfer_params": foreign})
+            assert resp.status_code >= 500 and "error" in resp.json()
+        assert gw.metric("gateway_upstream_retries_total") == 0
+        assert gw.metric("gateway_outlier_ejections_total") == 0
+        backends = gw.http.get("/v1/kappa/backends").json()
+        assert all(b["healthy"] for b in backends["backends"])
+        assert {link["state"] for link in backends["pd_links"]} == {"healthy"}
+        # and the fleet still splits as before
+        resp = gw.http.post("/v1/completions", json={"model": MODEL, "prompt": "later " + LONG_PROMPT, "max_tokens": 2})
         assert resp.headers.get("x-kappa-prefill-backend") == "p"
