@@ -84,7 +84,7 @@ def demo(
     time_scale: Annotated[float, typer.Option("--time-scale", min=0.001, help="mocks' wall seconds per modelled second (0.4: 2.5x real time)")] = 0.4,
     seed: Annotated[int, typer.Option("--seed", help="the generator's seed (arrivals and prompts), and the gateway's tie-breaks' unless the config sets routing.seed")] = 0,
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config")] = Path("config/fleet.local.yaml"),
-    baseline: Annotated[str, typer.Option("--baseline", help="the policy run after κ on the same requests and a fresh fleet (round-robin, least-loaded, prefix-affinity, weighted, kappa), or none")] = "round-robin",
+    baseline: Annotated[str, typer.Option("--baseline", help="the policy run after κ on the same requests and a fresh fleet: any policy (round-robin, least-loaded, prefix-affinity, weighted, kappa, kappa-aggregated, and on a P/D fleet such as config/fleet.pd.local.yaml the P/D anchors pd-always, pd-llmd, pd-dynamo), or none")] = "round-robin",
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Start the local mock fleet and the gateway, replay real-shaped traffic, report routing per backend;
@@ -97,10 +97,13 @@ def demo(
         raise typer.BadParameter(f"{baseline!r}: one of {', '.join(POLICY_NAMES)}, none", param_hint="--baseline")
     settings = load_config(config)  # fail early, with the path, on a bad config
     if not as_json:
+        from gateway.commands.demo import wall_estimate_s
+
         then = "" if baseline == "none" else f", then the same requests through {baseline} on a fresh fleet"
+        runs = 1 if baseline == "none" else 2
+        est = "" if trace else f" (roughly {wall_estimate_s(requests, rate, speedup, time_scale, runs):.0f} s of wall time)"
         typer.echo(f"starting the mock fleet of {config} (time scale {time_scale:g}) and the gateway "
-                   f"({settings.routing.policy}), replaying {requests} requests{then} "
-                   f"(about {'a minute' if baseline == 'none' else 'two and a half minutes'} by default)…", err=True)
+                   f"({settings.routing.policy}), replaying {requests} requests{then}{est}…", err=True)
     report = run_demo(requests=requests, trace=trace, rate_rps=rate, speedup=speedup, time_scale=time_scale,
                       seed=seed, config=config, baseline=None if baseline == "none" else baseline,
                       progress=not as_json)

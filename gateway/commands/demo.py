@@ -40,6 +40,7 @@ from fleet_config.catalog import CONFIG_DIR, default_catalog
 from gateway.commands.fleet import READY_TIMEOUT_S, mock_fleet
 from gateway.commands.demo_compare import kappa_vs_baseline, repeat_tolerance
 from gateway.commands.demo_figures import DEFINITIONS, build_report
+from gateway.commands.demo_pd import since
 from gateway.commands.processes import answers_ok, free_port, stop_processes
 from gateway.commands.replay import replay
 from fleet_config.settings import Settings, load_settings, parse_settings
@@ -136,6 +137,15 @@ def _measured_kappa_crit(url: str) -> dict[str, dict[str, Any]]:
             for b in backends}
 
 
+RUN_OVERHEAD_S = 15.0  # wall seconds a run spends starting its fleet and gateway and draining its last requests
+
+
+def wall_estimate_s(requests: int, rate_rps: float, speedup: float, time_scale: float, runs: int) -> float:
+    """Roughly how long ``runs`` runs of the built-in generator's ``requests`` take on the wall clock, s:
+    the arrivals' span (modelled, sped up, times the time scale) plus `RUN_OVERHEAD_S`, per run."""
+    return runs * (RUN_OVERHEAD_S + requests / rate_rps * time_scale / speedup)
+
+
 def workload(requests: int, trace: Path | None, rate_rps: float, seed: int) -> list[TraceRequest]:
     if trace is not None:
         return load_trace(trace, limit=requests)
@@ -155,7 +165,7 @@ def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rat
         baseline: a `router.policies.POLICY_NAMES` name, or None for the config's policy alone.
 
     Returns:
-        The config policy's run (`run_policy`) with ``workload``, ``definitions``
+        The config policy's run (`run_policy`) with ``workload``, ``config`` (its path), ``definitions``
         (`gateway.commands.demo_figures.DEFINITIONS`), ``repeat_tolerance``
         (`gateway.commands.demo_compare.repeat_tolerance` for this many requests), ``baseline`` (the baseline's run, the
         same keys and figures; null without one), ``kappa_vs_baseline``
@@ -178,7 +188,7 @@ def run_demo(*, requests: int = DEFAULT_REQUESTS, trace: Path | None = None, rat
                            time_scale=time_scale, progress=progress)
     report.update(
         workload=str(trace) if trace else f"built-in Mooncake-like generator, {rate_rps:g} req/s, seed {seed}",
-        definitions=DEFINITIONS, repeat_tolerance=repeat_tolerance(len(reqs)).as_dict(), baseline=other,
+        config=str(config), definitions=DEFINITIONS, repeat_tolerance=repeat_tolerance(len(reqs)).as_dict(), baseline=other,
         kappa_vs_baseline=kappa_vs_baseline(report["figures"], other["figures"]) if other else None,
         total_wall_s=round(time.monotonic() - started, 1))
     return report
@@ -195,9 +205,10 @@ def run_policy(settings: Settings, reqs: Sequence[TraceRequest], *, speedup: flo
     """
     started = time.monotonic()
     with mock_fleet(settings, time_scale=time_scale), gateway_process(settings) as url:
+        before = {b.id: scrape_metrics(b.url) for b in settings.backends}
         results = asyncio.run(replay(reqs, url=url, model=settings.served_models()[0], speedup=speedup / time_scale,
                                      concurrency=512, progress=progress))
-        backend_metrics = {b.id: scrape_metrics(b.url) for b in settings.backends}
+        backend_metrics = {b.id: since(scrape_metrics(b.url), before[b.id]) for b in settings.backends}
         gateway_metrics = scrape_metrics(url)
         measured = _measured_kappa_crit(url)
     report = build_report(settings, results, backend_metrics, gateway_metrics, time_scale)

@@ -22,6 +22,7 @@ from typing import Any
 
 from fleet_config.catalog import default_catalog
 from fleet_config.settings import BackendEntry, Settings
+from gateway.commands.demo_pd import backend_pd_hit, pd_figures, pd_run_hits
 from gateway.commands.replay import RequestResult
 from router.profiles import Catalog
 from sim.report import percentile
@@ -61,8 +62,17 @@ DEFINITIONS: dict[str, str] = {
         "never = x-kappa-crit is inf: no cached prefix, however long, makes the request transfer-bound there (at "
         "its T the attention compute grows at least as fast as any load: router.kappa, c·a·T ≥ 1). κ_crit p50 "
         "reads never when the median request is such a one (null in JSON; kappa_crit_never_requests counts them)."),
-    "prefix_hit_ratio": "hit = Σ cached / Σ prompt tokens of the successful requests, as the backends reported them "
-                        "(usage.prompt_tokens_details.cached_tokens).",
+    "prefix_hit_ratio": (
+        "hit = prefix hit ratio: prompt tokens some backend found in its own cache (HBM, host tier or the shared KV "
+        "pool) instead of prefilling them, over the prompt tokens of the successful requests: Σ cached / Σ prompt "
+        "tokens as the backends reported them (usage.prompt_tokens_details.cached_tokens), except on a "
+        "disaggregated fleet (prefix_hit_ratio_pd)."),
+    "prefix_hit_ratio_pd": (
+        "hit on a P/D fleet = a split request's decode answer reports P − 1 cached (vLLM counts pulled KV as "
+        "cached), so the hit is 1 − (Σ computed − split decodes) / Σ prompt tokens, computed = the backends' own "
+        "vllm:prompt_tokens_by_source_total{source=\"local_compute\"} over the run, less the one token each split "
+        "decode recomputes; per backend, over the prompts it prefilled (whole or a split's prefill). KV moved "
+        "between backends is not a hit: it is kv_transferred_tokens."),
     "ttft": "TTFT = send → first content chunk, measured by the client, in modelled seconds (wall / time scale).",
     "e2e": "E2E = send → end of the stream, modelled seconds.",
     "itl": "ITL = a request's mean gap between content chunks, modelled seconds; p50 over the requests.",
@@ -87,6 +97,9 @@ DEFINITIONS: dict[str, str] = {
     "splits_per_pair": (
         "splits per pair = the split requests per (prefill backend, decode backend): x-kappa-prefill-backend and "
         "x-kappa-backend of each answer; the KV of each crossed link(prefill, decode) of the config's interconnect."),
+    "kv_transferred_tokens": (
+        "KV transferred = the KV the decode backends pulled from prefill backends over the run (their "
+        "vllm:nixl_bytes_transferred), in tokens at the model's KV bytes per token; P/D fleets only (absent otherwise)."),
     "kappa_vs_baseline": (
         "κ/baseline = κ's figure over the baseline's, on the same seed, arrivals and prompts, each run on a fresh "
         "fleet (cold caches): below 1, κ's is lower (better for TTFT, E2E, ITL and J/req). A ratio inside the "
@@ -115,6 +128,9 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     backends = [_backend_report(settings, catalog, b, [r for r in ok if r.backend == b.id], backend_metrics.get(b.id, {}),
                                 time_scale, high_kappa, large_t, sum(r.prefill_backend == b.id for r in ok))
                 for b in settings.backends]
+    if settings.disaggregated:  # a split's usage counts its pulled KV as cached: the backends' own counts instead
+        for b in backends:
+            b["prefix_hit_ratio"] = backend_pd_hit(b["id"], ok, backend_metrics.get(b["id"], {}))
     return {
         "requests": len(results), "errors": len(results) - len(ok),
         "error_examples": sorted({r.error for r in results if r.error})[:3],
@@ -128,41 +144,14 @@ def build_report(settings: Settings, results: Sequence[RequestResult], backend_m
     }
 
 
-def pd_figures(settings: Settings, results: Sequence[RequestResult],
-               gateway_metrics: dict[str, float]) -> dict[str, Any] | None:
-    """A P/D fleet's splits (`DEFINITIONS` ``split_share``, ``splits_per_pair``); None when no backend has a
-    role other than ``both`` (`fleet_config.Settings.disaggregated`).
-
-    Returns:
-        ``splits``, ``split_share`` in [0,1] (of the successful requests; null without one),
-        ``splits_counted_by_gateway`` (``gateway_pd_splits_total``, null when not scraped),
-        ``prefill_fallbacks`` (``gateway_pd_prefill_fallbacks_total``: splits that went whole),
-        ``pairs``: [{``prefill_backend``, ``decode_backend``, ``splits``}] by count, most first.
-    """
-    if not settings.disaggregated:
-        return None
-    ok = [r for r in results if r.error is None]
-    pairs: dict[tuple[str, str], int] = {}
-    for r in ok:
-        if r.prefill_backend is not None and r.backend is not None:
-            pairs[(r.prefill_backend, r.backend)] = pairs.get((r.prefill_backend, r.backend), 0) + 1
-    splits = sum(pairs.values())
-    return {
-        "splits": splits, "split_share": splits / len(ok) if ok else None,
-        "splits_counted_by_gateway": gateway_metrics.get("gateway_pd_splits_total"),
-        "prefill_fallbacks": int(gateway_metrics.get("gateway_pd_prefill_fallbacks_total", 0.0)),
-        "pairs": [{"prefill_backend": p, "decode_backend": d, "splits": n}
-                  for (p, d), n in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))],
-    }
-
-
 def run_figures(settings: Settings, results: Sequence[RequestResult], backend_metrics: dict[str, dict[str, float]],
                 time_scale: float) -> dict[str, Any]:
     """The figures one run is compared by (κ beside a baseline, a run beside its repeat).
 
     Returns:
         ``requests``, ``errors``; ``ttft_p50_s``, ``ttft_p90_s``, ``e2e_p90_s``, ``itl_p50_s`` (modelled
-        seconds, successful requests); ``prefix_hit_ratio`` in [0,1]; ``transfer_share`` in [0,1]
+        seconds, successful requests); ``prefix_hit_ratio`` in [0,1] and, on a P/D fleet only,
+        ``kv_transferred_tokens`` (both there from `gateway.commands.demo_pd`); ``transfer_share`` in [0,1]
         (of the successful requests that carry ``x-kappa-regime``); ``energy_j`` (the mocks' sum,
         J) and ``energy_per_request_j`` (J per successful request); ``backend_requests`` (backend
         id → successful requests it served, every configured backend listed). Each is null
@@ -176,11 +165,14 @@ def run_figures(settings: Settings, results: Sequence[RequestResult], backend_me
     regimes = [r.regime for r in ok if r.regime is not None]
     energies = [m[ENERGY_METRIC] for m in backend_metrics.values() if ENERGY_METRIC in m]
     energy = sum(energies) if energies else None
+    pd = settings.disaggregated
+    hit, transferred = (pd_run_hits(settings, ok, backend_metrics) if pd
+                        else (sum(r.cached_tokens or 0 for r in ok) / prompt if prompt else None, None))
     return {
         "requests": len(results), "errors": len(results) - len(ok),
         "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
         "e2e_p90_s": percentile(e2e, 90), "itl_p50_s": percentile(itl, 50),
-        "prefix_hit_ratio": sum(r.cached_tokens or 0 for r in ok) / prompt if prompt else None,
+        "prefix_hit_ratio": hit, **({"kv_transferred_tokens": transferred} if pd else {}),
         "transfer_share": regimes.count("transfer") / len(regimes) if regimes else None,
         "energy_j": energy, "energy_per_request_j": energy / len(ok) if energy is not None and ok else None,
         "backend_requests": {b.id: sum(r.backend == b.id for r in ok) for b in settings.backends},
@@ -228,12 +220,14 @@ def _backend_report(settings: Settings, catalog: Catalog, b: BackendEntry, mine:
 
 
 def _placement_by_role(backends: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Per role (or backend id without one): its requests, and the high-κ and large-T shares of them
-    (`DEFINITIONS`; null for a role whose backends were all idle)."""
+    """Per role (or backend id without one): its requests, the split requests its backends prefilled
+    (``prefills``), and the high-κ and large-T shares of its requests (`DEFINITIONS`; null for a role
+    that served no request whole or decoded: a prefill-only role has prefills and no shares)."""
     placement: dict[str, dict[str, Any]] = {}
     for b in backends:
-        group = placement.setdefault(b["role"] or b["id"], {"requests": 0, "high_kappa": 0, "large_t": 0})
+        group = placement.setdefault(b["role"] or b["id"], {"requests": 0, "prefills": 0, "high_kappa": 0, "large_t": 0})
         group["requests"] += b["requests"]
+        group["prefills"] += b["prefills"]
         group["high_kappa"] += b["high_kappa_requests"]
         group["large_t"] += b["large_t_requests"]
     for group in placement.values():

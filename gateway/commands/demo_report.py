@@ -20,7 +20,7 @@ LEGEND_KEYS = ("kappa_crit_linear", "transfer_share", "kappa_ratio", "kappa_rati
                "high_kappa_share")
 """The definitions the legend prints, in order (the comparison table adds ``kappa_vs_baseline``; the
 measured κ_crit's line carries its own, `SELF_CONSISTENCY`)."""
-PD_LEGEND_KEYS = ("kv_role", "split_share", "splits_per_pair")
+PD_LEGEND_KEYS = ("kv_role", "split_share", "splits_per_pair", "prefix_hit_ratio_pd", "kv_transferred_tokens")
 """A P/D fleet's further definitions (its table adds the kv_role and prefills columns)."""
 TABLE_WIDTH = 196  # 16 columns, the hardware one wide
 PD_TABLE_WIDTH = 216  # and a P/D fleet's two more
@@ -82,6 +82,8 @@ def _comparison_table(report: dict[str, Any]) -> Table:
         table.add_row(label, _f(mine[key], fmt, scale), _f(theirs[key], fmt, scale), _f(ratios[ratio], ".2f"))
     if report.get("pd") is not None and base.get("pd") is not None:
         table.add_row("split share", _f(report["pd"]["split_share"], ".1%"), _f(base["pd"]["split_share"], ".1%"), "")
+        table.add_row("KV transferred (tokens)", _f(mine.get("kv_transferred_tokens"), ",.0f"),
+                      _f(theirs.get("kv_transferred_tokens"), ",.0f"), "")
     table.add_row("errors", str(mine["errors"]), str(theirs["errors"]), "")
 
     def split(figures: dict[str, Any]) -> str:
@@ -92,15 +94,21 @@ def _comparison_table(report: dict[str, Any]) -> Table:
     return table
 
 
-def tolerance_line(tolerance: dict[str, float]) -> str:
-    """The repeat tolerance in words, and the bands of κ/baseline ratios it makes noise."""
+AGGREGATED_ONLY = ("This repeat tolerance was measured on the aggregated fleet (config/fleet.local.yaml), not "
+                   "on this P/D one: here it is a guide, not a measured bound. ")
+"""Said before the tolerance on a P/D fleet (`bench/demo_repeat.py` ran the aggregated demo only)."""
+
+
+def tolerance_line(tolerance: dict[str, float], pd: bool = False) -> str:
+    """The repeat tolerance in words, and the bands of κ/baseline ratios it makes noise; on a P/D fleet
+    (``pd``) prefixed by `AGGREGATED_ONLY`."""
     def band(relative: float) -> str:
         return f"{1 / (1 + relative):.2f}–{1 + relative:.2f}"
 
     latency = max(tolerance["ttft_p90_relative"], tolerance["e2e_p90_relative"])
     size = (f"{tolerance['min_requests']:g} requests or more" if tolerance["max_requests"] is None
             else f"{tolerance['min_requests']:g}–{tolerance['max_requests']:g} requests")
-    return (f"Run-to-run noise ({size}): two runs of one policy with one seed, each on a fresh fleet, serve each "
+    return ((AGGREGATED_ONLY if pd else "") + f"Run-to-run noise ({size}): two runs of one policy with one seed, each on a fresh fleet, serve each "
             f"backend within "
             f"{tolerance['backend_share']:.0%} of the requests + {tolerance['backend_slack_requests']:g}, with TTFT p90 "
             f"within {tolerance['ttft_p90_relative']:.0%} (the larger over the smaller), E2E p90 within "
@@ -116,7 +124,7 @@ def _reconciliation(report: dict[str, Any]) -> str:
     parts = []
     for b in report["backends"]:
         if b["requests"] == 0:
-            parts.append(f"{b['id']} {IDLE}")
+            parts.append(f"{b['id']} prefilled {b['prefills']}, decoded none" if b["prefills"] else f"{b['id']} {IDLE}")
             continue
         n, high, transfer = b["requests"], b["high_kappa_requests"], b["regimes"]["transfer"]
         parts.append(f"{b['id']} {high} of {n} high-κ ({high / n:.0%}), {transfer} transfer-bound ({transfer / n:.0%}; "
@@ -135,14 +143,22 @@ def pd_line(pd: dict[str, Any]) -> str:
             + f"; {pd['prefill_fallbacks']} prefill fallbacks to aggregated. Splits per (prefill → decode): {pairs}.")
 
 
+def _role_placement(role: str, g: dict[str, Any]) -> str:
+    """One role's placement: its shares, and the split requests it prefilled (a prefill-only role: those alone)."""
+    prefills = g.get("prefills", 0)
+    if not g["requests"]:
+        return f"{role} prefilled {prefills} split requests (decoded elsewhere)" if prefills else f"{role} {IDLE}"
+    shares = f"{role} {_f(g['high_kappa_share'], '.0%')} / {_f(g['large_t_share'], '.0%')}"
+    return shares + (f" (and prefilled {prefills} split requests)" if prefills else "")
+
+
 def _notes(report: dict[str, Any], console: Console) -> None:
     if report.get("pd") is not None:
         console.print(pd_line(report["pd"]))
     roles = report.get("placement_by_role", {})
     if roles:
         console.print("Placement by role — high-κ share / large-T share of each role's requests: " + "; ".join(
-            f"{role} {_f(g['high_kappa_share'], '.0%')} / {_f(g['large_t_share'], '.0%')}" if g["requests"]
-            else f"{role} {IDLE}" for role, g in roles.items()) + ".")
+            _role_placement(role, g) for role, g in roles.items()) + ".")
         console.print(_reconciliation(report))
     if report.get("kv_pool_gb"):
         loads = {b["id"]: b.get("kv_pool_loaded_bytes") or 0.0 for b in report["backends"]}
@@ -183,10 +199,12 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         console.print(_comparison_table(report))
         keys.append("kappa_vs_baseline")
     if report.get("repeat_tolerance"):
-        console.print(tolerance_line(report["repeat_tolerance"]))
+        console.print(tolerance_line(report["repeat_tolerance"], pd=report.get("pd") is not None))
     console.print("Legend (the JSON's definitions):\n" + "\n".join(f"  {DEFINITIONS[key]}" for key in keys))
+    config = report.get("config", "config/fleet.local.yaml")
     console.print(
-        "Next: run it yourself — `kappa-gateway mock-fleet` and `kappa-gateway serve` (config/fleet.local.yaml), "
+        f"Next: run it yourself — `kappa-gateway mock-fleet --config {config}` and `kappa-gateway serve --config "
+        f"{config}`, "
         "then point any OpenAI client at http://127.0.0.1:8000/v1; watch GET /v1/kappa/backends, "
         "POST /v1/kappa/route (explain a decision) and /metrics; replay a real trace with "
         "`kappa-gateway replay ../shared/data/traces/mooncake/conversation_trace.jsonl --url http://127.0.0.1:8000`.")
