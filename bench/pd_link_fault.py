@@ -37,7 +37,6 @@ import asyncio
 import json
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -65,6 +64,7 @@ from sim.real_traces import real_trace_path  # noqa: E402
 from sim.report import percentile  # noqa: E402
 from sim.traces import TraceRequest, load_trace  # noqa: E402
 from sim.workloads.mooncake_like import mooncake_like  # noqa: E402
+from routing_live import _commit  # noqa: E402  (bench/ is the script's own directory on sys.path)
 
 DEFAULT_CONFIG = CONFIG_DIR / "fleet.pd.local.yaml"
 DEFAULT_TRACE = real_trace_path("mooncake")
@@ -314,11 +314,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                "delivered_gb_s": args.delivered_gb_s, "repetitions": reps, "summary": summary}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
-
-
-def _commit() -> str:
-    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    return done.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

@@ -179,8 +179,3 @@ class Decision:
     @property
     def chosen(self) -> Candidate:
         return self.ranked[0]
-
-    @property
-    def split(self) -> bool:
-        """Whether the request is disaggregated (prefill elsewhere than its decode)."""
-        return self.prefill is not None
