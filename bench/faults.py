@@ -174,6 +174,9 @@ def gateway_config(port: int, backend_ports: list[int], redis_url: str, legacy: 
             "backends": mocks + [{"id": "probe", "url": f"http://127.0.0.1:{stub_port}", "model": PROBE_MODEL, "hardware": HARDWARE}]}
 
 
+BACKEND_KILLS = ("backend_kill9", "prefill_kill9", "decode_kill9")  # redis_kill9 restarts Redis itself
+
+
 class Run:
     """The faults in order, on one fleet under one continuous load."""
 
@@ -208,7 +211,7 @@ class Run:
                 self.counters[name] = (before, await self.fleet.counters())
                 self.windows.append(w)
                 print(f"[{self.clock():6.1f}s] {name} done", file=sys.stderr, flush=True)
-                if w.name.endswith("_kill9"):  # restart after the window: the next fault sees the whole fleet
+                if w.name in BACKEND_KILLS:  # restart after the window: the next fault sees the whole fleet
                     self.fleet.start_backend(w.notes["victim"])
             finished = True
         finally:
