@@ -13,10 +13,11 @@ One file per deployment (``config/fleet.local.yaml`` is the example)::
                breaker_open_s, breaker_max_open_s, block_size_tokens, bytes_per_token, share_load,
                load_sync_interval_s}
     routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed}
-    models:   {served name: {profile: catalog name}}          (optional; default: catalog names)
+    models:   {served name: {profile: catalog name, tokenizer: dir}}  (optional; default: catalog names)
     kv_pool:  {capacity_gb, link_gb_s_per_gpu}                (optional: a KV store the fleet shares)
     backends: [{id, url, model, hardware, power_cap_w, tensor_parallel, host_tier_gb,
-                host_link_gb_s, kv_pool_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels}]
+                host_link_gb_s, kv_pool_link_gb_s, overlap_host_load, num_gpu_blocks_override, labels,
+                kv_role, node, kv_events: {endpoint, replay_endpoint, topic}}]
 
 Parsing is strict: an unknown key or a bad value fails at start-up with its path
 (``backends[2].hardware: unknown hardware 'h300'``), never a silent default (STYLE.md B7).
@@ -43,6 +44,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
 from fleet_config.interconnect import InterconnectSection, KvRole
+from fleet_config.kv_events import KvEventsEntry
 from fleet_config.sections import (
     IndexSection,
     KvPoolSection,
@@ -143,7 +145,11 @@ class GatewaySection(EdgeSettings):
 
 
 class ModelEntry(StrictSection):
+    """A served model: its catalog profile and, optionally, the tokenizer its engines use
+    (a directory with ``tokenizer.json`` and ``tokenizer_config.json``; `fleet_config.kv_events`)."""
+
     profile: str
+    tokenizer: str | None = Field(default=None, min_length=1)
 
 
 class BackendEntry(StrictSection):
@@ -166,6 +172,8 @@ class BackendEntry(StrictSection):
     # P/D (`fleet_config.interconnect`): its role, and the node it shares NVLink with others on.
     kv_role: KvRole = "both"
     node: str | None = Field(default=None, min_length=1)
+    # Issue 30: where the engine publishes its KV-cache events (`fleet_config.kv_events`).
+    kv_events: KvEventsEntry | None = None
 
     @field_validator("url")
     @classmethod
