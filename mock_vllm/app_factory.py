@@ -3,9 +3,10 @@
 The mock takes the same backend entry the gateway routes to (`fleet_config.BackendEntry`):
 its router figures come from `fleet_config.Settings.backend_spec` (model, hardware, TP,
 power cap, host link, load overlap, pool link), its engine's from `engine_config` (host
-tier, KV block override) and its P/D settings from `pd_settings` (``kv_role``; its id as its
-NIXL engine id; the config's interconnect, whose ``node`` entries place it), so a mock
-honours every field the gateway reads, whoever starts
+tier, KV block override), its P/D settings from `pd_settings` (``kv_role``; its id as its
+NIXL engine id; the config's interconnect, whose ``node`` entries place it) and its KV-event
+publisher from `kv_events_config` (``kv_events``), so a mock honours every field the gateway
+reads, whoever starts
 it (``kappa-gateway mock-vllm``, ``mock-fleet``, the simulator, the tests). No files or
 environment are read here.
 """
@@ -21,6 +22,8 @@ from fleet_config import BackendEntry, Settings, parse_settings
 from fleet_config.settings import ModelEntry
 from mock_vllm.engine import MockEngine
 from mock_vllm.kv_cache import SharedKVPool
+from mock_vllm.kv_event_wire import DEFAULT_ENCODING, Encoding
+from mock_vllm.kv_events_config import KvEventsConfig
 from mock_vllm.pd import ABORT_REQUEST_TIMEOUT_S, DEFAULT_KV_LOAD_FAILURE_POLICY, PdSettings
 from mock_vllm.server import create_app
 from mock_vllm.types import EngineConfig
@@ -52,11 +55,29 @@ def pd_settings(settings: Settings, backend: BackendEntry, *,
                       abort_request_timeout_s=kv_abort_request_timeout_s)
 
 
+def kv_events_config(backend: BackendEntry, *, encoding: Encoding = DEFAULT_ENCODING,
+                     python_hash_seed: str | None = None) -> KvEventsConfig | None:
+    """The KV-event publisher of a backend entry's ``kv_events`` (``None`` without one): bound on the
+    host and port the gateway connects to (so loopback for a local fleet), vLLM's other defaults.
+
+    Args:
+        encoding: the events' msgpack form (`mock_vllm.kv_event_wire`).
+        python_hash_seed: the ``PYTHONHASHSEED`` the engine's block hashes are seeded by (``None``: unset).
+    """
+    entry = backend.kv_events
+    if entry is None:
+        return None
+    return KvEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=entry.endpoint,
+                          replay_endpoint=entry.replay_endpoint, topic=entry.topic, encoding=encoding,
+                          python_hash_seed=python_hash_seed, bind=True)
+
+
 def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalog, *, time_scale: float = 1.0,
                       kv_pool: SharedKVPool | None = None, registry: CollectorRegistry | None = None,
                       max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                       kv_load_failure_policy: str = DEFAULT_KV_LOAD_FAILURE_POLICY,
-                      kv_abort_request_timeout_s: float = ABORT_REQUEST_TIMEOUT_S) -> FastAPI:
+                      kv_abort_request_timeout_s: float = ABORT_REQUEST_TIMEOUT_S,
+                      kv_events: KvEventsConfig | None = None) -> FastAPI:
     """A mock vLLM app impersonating ``backend`` of ``settings``.
 
     Args:
@@ -72,6 +93,8 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
         kv_load_failure_policy: ``recompute`` or ``fail`` (vLLM's ``kv_load_failure_policy``).
         kv_abort_request_timeout_s: engine seconds a prefill keeps KV for a remote decode
             (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, 480 s).
+        kv_events: its KV-event publisher (`kv_events_config` of the entry, or ``--kv-events-config``);
+            ``None``: none.
 
     Raises:
         ValueError: an invalid setting (a pool without a kv_pool section, time_scale ≤ 0, an
@@ -82,7 +105,7 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
     pd = pd_settings(settings, backend, kv_load_failure_policy=kv_load_failure_policy,
                      kv_abort_request_timeout_s=kv_abort_request_timeout_s)
     return create_app(MockEngine(spec, config, kv_pool), served_model_name=backend.model, time_scale=time_scale,
-                      registry=registry, pd=pd)
+                      registry=registry, pd=pd, kv_events=kv_events)
 
 
 def shared_kv_pool(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry]) -> SharedKVPool:

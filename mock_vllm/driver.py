@@ -85,8 +85,10 @@ class EngineDriver:
     """Owns the engine for the server: admits and aborts requests, runs the step loop."""
 
     def __init__(self, engine: MockEngine, clock: EngineClock, metrics: MockVllmMetrics,
-                 on_kv_held: Callable[[str, int], None] | None = None) -> None:
+                 on_kv_held: Callable[[str, int], None] | None = None,
+                 after_step: Callable[[], None] | None = None) -> None:
         self._engine = engine
+        self._after_step = after_step  # called as each step is taken (KV events: `mock_vllm.kv_events`)
         self._on_kv_held = on_kv_held  # a finished request kept its KV blocks (P/D: `mock_vllm.pd`)
         self._clock = clock
         self._metrics = metrics
@@ -160,6 +162,8 @@ class EngineDriver:
             if not self._busy:
                 self._busy, self._cursor_s = True, max(self._clock.now_s(), self._cursor_s)
             result = self._engine.step(self._cursor_s)
+            if self._after_step is not None:  # vLLM publishes a step's KV events as it schedules it
+                self._after_step()
             self._cursor_s = result.end_s
             due = self._clock.wall_of(result.end_s)
             # sleep(0) when late still yields, so handlers and streams run between steps.

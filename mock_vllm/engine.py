@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import xxhash
 
 from mock_vllm.engine_request import EngineRequest
+from mock_vllm.kv_event_recorder import KVEventRecorder
 from mock_vllm.kv_cache import OutOfBlocks, PagedKVCache, SharedKVPool, prompt_block_hashes
 from mock_vllm.types import EngineConfig, EngineStats, RequestOutput, StepResult
 from router import kappa
@@ -100,6 +101,12 @@ class MockEngine:
         self._dynamic_energy_j = 0.0
         self._last_step: StepResult | None = None
         self._start_s: float | None = None
+        self.kv_events: KVEventRecorder | None = None  # vLLM's KV events, when enabled (`enable_kv_events`)
+
+    def enable_kv_events(self, recorder: KVEventRecorder) -> None:
+        """Record vLLM's KV-cache events into ``recorder`` from now on; call before the first request."""
+        self.kv_events = recorder
+        self.cache.listener = recorder
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int,
@@ -131,6 +138,8 @@ class MockEngine:
         req = EngineRequest(request_id, prompt_len, max_tokens,
                        prompt_block_hashes(prompt_token_ids, self.block_size, cache_salt), arrival_s, prompt_len,
                        hold_kv=hold_kv, remote_from_block=remote_from_block)
+        if self.kv_events is not None:
+            req.event_chain = self.kv_events.chain(prompt_token_ids, cache_salt)
         self._requests[request_id] = req
         self._waiting.append(req)
         self._refresh_gauges()
@@ -252,7 +261,9 @@ class MockEngine:
         # The prefix uses up between 0 and len(hit) free blocks: count it only when that decides.
         if need > free or (need + len(hit) > free and self.cache.blocks_needed_to_admit(hit) + need > free):
             return None  # KV is short: the request waits, and the cache is left as it was
-        self.cache.acquire_cached(hit)
+        loaded = self.cache.acquire_cached(hit)
+        if self.kv_events is not None and loaded:  # host-tier and pool blocks are cached in HBM now
+            self.kv_events.gpu_loaded(req.event_chain, req.hashes, loaded)
         self.cache.allocate_anonymous(need)
         req.held_hashes = list(hit)
         req.computed = computed
@@ -365,10 +376,13 @@ class MockEngine:
         """Name the prompt blocks this chunk completed by their hashes (they become cacheable)."""
         first = computed_before // self.block_size
         last = min(req.computed, req.prompt_len) // self.block_size
-        for i in range(max(first, len(req.held_hashes)), min(last, len(req.hashes))):
+        start, stop = max(first, len(req.held_hashes)), min(last, len(req.hashes))
+        for i in range(start, stop):
             self.cache.seal(req.hashes[i])
             req.held_hashes.append(req.hashes[i])
             req.anonymous_blocks -= 1
+        if self.kv_events is not None:
+            self.kv_events.gpu_stored(req.event_chain, req.hashes, start, stop)
 
     def _refresh_gauges(self) -> None:
         self.stats.num_requests_running = len(self._running)

@@ -7,6 +7,10 @@ scheduling and the roofline, not the bookkeeping fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mock_vllm.vllm_block_hash import BlockChain
 
 
 @dataclass(slots=True, eq=False)  # identity equality: `in`/`remove` on the running list stay cheap
@@ -37,6 +41,7 @@ class EngineRequest:
     anonymous_blocks: int = 0
     hold_kv: bool = False
     remote_from_block: int | None = None
+    event_chain: BlockChain | None = None  # its blocks as vLLM names them, when KV events are on
 
     @property
     def prefilling(self) -> bool:

@@ -20,12 +20,23 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
 import xxhash
 
 
 class OutOfBlocks(Exception):
     """Not enough free HBM blocks for an allocation (the caller preempts or waits)."""
+
+
+class CacheListener(Protocol):
+    """Told of the cache changes a KV-event publisher reports (`mock_vllm.kv_event_recorder`)."""
+
+    def gpu_evicted(self, block_hash: int, *, to_host: bool) -> None: ...
+
+    def host_dropped(self, block_hash: int) -> None: ...
+
+    def cleared(self) -> None: ...
 
 
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: str | None) -> list[int]:
@@ -131,6 +142,8 @@ class PagedKVCache:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with refs 0, LRU first
         self._anonymous = 0  # referenced blocks with no hash (partial or generated tokens)
         self._host: OrderedDict[int, None] = OrderedDict()  # host-tier hashes, LRU first
+        # Told of evictions, offloads and resets (`mock_vllm.kv_event_recorder`); None: KV events off.
+        self.listener: CacheListener | None = None
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -176,8 +189,11 @@ class PagedKVCache:
         return sum(1 for h in hashes if h not in refs or h in evictable)
 
     # -- changes -------------------------------------------------------------------------
-    def acquire_cached(self, hashes: Sequence[int]) -> None:
+    def acquire_cached(self, hashes: Sequence[int]) -> list[int]:
         """Reference prefix blocks found by `match`; host-tier and pool ones are loaded into HBM first.
+
+        Returns:
+            The positions in ``hashes`` of the blocks loaded into HBM (ascending).
 
         Raises:
             OutOfBlocks: loading the host-tier blocks needs more free HBM blocks than there are
@@ -197,6 +213,8 @@ class PagedKVCache:
         for h in to_load:
             self._evict_one_if_needed()
             self._refs[h] = 1
+        loaded = set(to_load)
+        return [i for i, h in enumerate(hashes) if h in loaded]
 
     def allocate_anonymous(self, n: int) -> None:
         """Take ``n`` blocks for tokens that have no hash yet. Raises OutOfBlocks (nothing changed)."""
@@ -251,6 +269,8 @@ class PagedKVCache:
         self._refs.clear()
         self._evictable.clear()
         self._host.clear()
+        if self.listener is not None:
+            self.listener.cleared()
 
     # -- internals -----------------------------------------------------------------------
     def _free_after_protecting(self, hashes: Sequence[int]) -> int:
@@ -272,8 +292,13 @@ class PagedKVCache:
         """Evict the least recently used unreferenced cached block (to the host tier, if any)."""
         victim, _ = self._evictable.popitem(last=False)
         del self._refs[victim]
+        listener = self.listener
+        if listener is not None:
+            listener.gpu_evicted(victim, to_host=bool(self.num_host_blocks) and victim not in self._host)
         if self.num_host_blocks:
             self._host[victim] = None
             self._host.move_to_end(victim)
             while len(self._host) > self.num_host_blocks:
-                self._host.popitem(last=False)
+                dropped, _ = self._host.popitem(last=False)
+                if listener is not None:
+                    listener.host_dropped(dropped)

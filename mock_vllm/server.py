@@ -11,6 +11,8 @@ Routes (REFERENCE.md §3; wire format in `mock_vllm.openai_api`):
 * ``POST /reset_prefix_cache``: 200 with an empty body when the cache was reset; 409 with
   an error body when requests are running and the engine refused (vLLM logs a warning and
   keeps its cache in that case), so a caller knows to retry when idle.
+* KV-cache events (``--kv-events-config``): vLLM's ZMQ publisher (`mock_vllm.kv_events`) and its
+  fault knobs ``/kappa/faults/kv_events`` (`mock_vllm.kv_event_routes`).
 * P/D, vLLM's NixlConnector protocol: ``kv_transfer_params`` on the generation routes
   (`mock_vllm.pd`), the side channel and the link-fault knob (`mock_vllm.pd_routes`), the
   transfer metrics (`mock_vllm.nixl_metrics`).
@@ -45,6 +47,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mock_vllm import tokenizer
 from mock_vllm.driver import EngineClock, EngineDead, EngineDriver, OutputQueue
 from mock_vllm.engine import MockEngine, PromptTooLong
+from mock_vllm.kv_event_routes import routes as kv_event_routes
+from mock_vllm.kv_events import EngineKvEvents, KvEventsConfig
 from mock_vllm.metrics import MockVllmMetrics
 from mock_vllm.nixl_metrics import NixlMetrics
 from mock_vllm.openai_api import (
@@ -77,6 +81,7 @@ class MockServer:
     registry: CollectorRegistry
     clock: EngineClock
     pd: PdConnector
+    kv_events: EngineKvEvents | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, model: str | None) -> None:
@@ -218,6 +223,8 @@ async def version() -> dict[str, str]:
 async def reset_prefix_cache(server: ServerDep) -> Response:
     if not server.engine.reset_prefix_cache():
         raise ApiError(409, "Prefix cache not reset: requests are running; retry when the engine is idle.")
+    if server.kv_events is not None:  # AllBlocksCleared goes out now, even with the engine idle
+        server.kv_events.flush()
     return Response(status_code=200)
 
 
@@ -267,7 +274,8 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float = 1.0,
-               registry: CollectorRegistry | None = None, pd: PdSettings | None = None) -> FastAPI:
+               registry: CollectorRegistry | None = None, pd: PdSettings | None = None,
+               kv_events: KvEventsConfig | None = None) -> FastAPI:
     """A new mock vLLM server app over ``engine``.
 
     Args:
@@ -277,22 +285,29 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
         registry: where the metrics go; a fresh `CollectorRegistry` when ``None``.
         pd: its P/D settings (`mock_vllm.pd.PdSettings`); ``None``: engine id ``mock``, role
             ``both``, no interconnect (it serves prefills for others, but cannot pull).
+        kv_events: vLLM's KV-event publishing (`mock_vllm.kv_events`); ``None`` or inactive: none,
+            and the engine computes no vLLM hashes.
 
-    The lifespan starts the engine clock, the P/D connector (its HTTP client) and the driver
-    task, and stops them in reverse on shutdown.
+    The lifespan starts the engine clock, the P/D connector (its HTTP client), the KV-event
+    publisher (its sockets bound: a taken port fails the start-up) and the driver task, and stops
+    them in reverse on shutdown.
     """
     registry = registry if registry is not None else CollectorRegistry()
     clock = EngineClock(time_scale)
     metrics_ = MockVllmMetrics(registry, engine, model_name=served_model_name, engine_now_s=clock.now_s)
     connector = PdConnector(pd or PdSettings(engine_id="mock"), engine,
                             NixlMetrics(registry, model_name=served_model_name), time_scale)
-    driver = EngineDriver(engine, clock, metrics_, on_kv_held=connector.on_kv_held)
-    server = MockServer(engine, driver, served_model_name, registry, clock, connector)
+    events = EngineKvEvents(engine, kv_events) if kv_events is not None and kv_events.active else None
+    driver = EngineDriver(engine, clock, metrics_, on_kv_held=connector.on_kv_held,
+                          after_step=events.flush if events is not None else None)
+    server = MockServer(engine, driver, served_model_name, registry, clock, connector, events)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         clock.start()
         metrics_.mark_started()
+        if events is not None:
+            await events.publisher.start()
         await connector.start()
         driver_task = asyncio.create_task(server.driver.run(), name="mock-vllm-engine-driver")
         try:
@@ -301,13 +316,17 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
             driver_task.cancel()
             with suppress(asyncio.CancelledError):
                 await driver_task
+            if events is not None:
+                await events.publisher.close()
             await connector.close()
 
     app = FastAPI(title="mock-vllm", version=MOCK_VERSION, lifespan=lifespan)
     app.state.engine = engine  # for tests and tools holding the app (only the driver steps it)
     app.state.pd = connector
+    app.state.kv_events = events
     app.include_router(routes)
     app.include_router(pd_routes)
+    app.include_router(kv_event_routes)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -5,7 +5,8 @@ backend, or, when the config has a ``kv_pool`` section, one process for all of t
 they must share one `SharedKVPool` object (`mock_vllm.app_factory.shared_kv_pool`). Each mock
 is `mock_vllm.app_factory.build_backend_app` of its backend entry — the same entry the
 gateway routes by — one uvicorn server per backend on its own host and port, all on one
-asyncio loop.
+asyncio loop. A backend whose entry has ``kv_events`` publishes vLLM's KV events, bound on its
+entry's endpoint and replay endpoint (`mock_vllm.app_factory.kv_events_config`).
 
 SIGINT/SIGTERM stop every server together (uvicorn's own per-server handlers would each
 replace the last, so only one server would hear a signal); then the process exits 0. A
@@ -25,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fleet_config import BackendEntry, Settings
-from mock_vllm.app_factory import build_backend_app, shared_kv_pool
+from mock_vllm.app_factory import build_backend_app, kv_events_config, shared_kv_pool
 from router.profiles import Catalog
 
 # uvicorn waits forever for open streams by default (STYLE.md B7); the same bound as mock-vllm's.
@@ -35,15 +36,19 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def build_apps(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *,
-               time_scale: float, **pd: Any) -> list[FastAPI]:
+               time_scale: float, kv_events_encoding: str = "map", python_hash_seed: str | None = None,
+               **pd: Any) -> list[FastAPI]:
     """One mock app per backend (in order); with a ``kv_pool`` section, all on one shared pool.
-    ``pd``: the P/D keywords of `build_backend_app` (``kv_load_failure_policy``, ...).
+    ``pd``: the P/D keywords of `build_backend_app` (``kv_load_failure_policy``, ...); a backend with
+    ``kv_events`` publishes them in ``kv_events_encoding``, hashes seeded by ``python_hash_seed``.
 
     Raises:
         ValueError: a bad setting (`shared_kv_pool`, `build_backend_app`).
     """
     kv_pool = shared_kv_pool(settings, catalog, backends) if settings.kv_pool is not None else None
-    return [build_backend_app(settings, backend, catalog, time_scale=time_scale, kv_pool=kv_pool, **pd)
+    return [build_backend_app(settings, backend, catalog, time_scale=time_scale, kv_pool=kv_pool,
+                              kv_events=kv_events_config(backend, encoding=kv_events_encoding,  # type: ignore[arg-type]
+                                                         python_hash_seed=python_hash_seed), **pd)
             for backend in backends]
 
 

@@ -5,18 +5,29 @@
 ``mock-fleet`` serves every local backend of a config (`gateway.commands.fleet`), through
 the hidden ``mock-fleet-worker``. All three build the mock with
 `mock_vllm.app_factory.build_backend_app` from a config entry.
+
+KV-cache events (`mock_vllm.kv_events`): ``mock-vllm --kv-events-config JSON`` takes vLLM's flag;
+with ``--config`` and no such flag, and under ``mock-fleet``, a backend entry's ``kv_events``
+starts its publisher, bound where the gateway connects. The engines' block hashes are seeded by
+this process's ``PYTHONHASHSEED``, as vLLM's are.
 """
 
 from __future__ import annotations
 
+import os
+from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlsplit
 
 import typer
 
 from fleet_config import ConfigError, default_catalog
 from gateway.commands.typer_app import app, load_config
+
+if TYPE_CHECKING:
+    from fleet_config import BackendEntry
+    from mock_vllm.kv_events_config import KvEventsConfig
 
 # uvicorn waits forever for open streams by default (STYLE.md B7); a mock stream is cut after this.
 MOCK_VLLM_GRACEFUL_SHUTDOWN_S = 5.0
@@ -29,6 +40,29 @@ KvLoadFailurePolicy = Annotated[str, typer.Option(
 KvAbortTimeout = Annotated[float, typer.Option(
     "--kv-abort-request-timeout-s", min=0.001, help="P/D: modelled seconds a prefill keeps KV for a remote decode "
     "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")]
+
+
+class EventEncoding(str, Enum):
+    """The msgpack form of KV events (`mock_vllm.kv_event_wire`): current vLLM's maps, or older positional arrays."""
+
+    map = "map"
+    positional = "positional"
+
+
+KvEventsEncoding = Annotated[EventEncoding, typer.Option(
+    "--kv-events-encoding", help="KV events as tagged maps (current vLLM) or positional arrays (vLLM before #42892)")]
+
+
+def _kv_events(json_text: str | None, entry: BackendEntry, encoding: EventEncoding) -> KvEventsConfig | None:
+    """The publisher config: ``--kv-events-config`` if given, else the backend entry's ``kv_events`` (or None).
+    Raises ValueError on a bad JSON document or value."""
+    from mock_vllm.app_factory import kv_events_config
+    from mock_vllm.kv_events_config import KvEventsConfig
+
+    seed = os.environ.get("PYTHONHASHSEED")  # vLLM seeds NONE_HASH with it when set
+    if json_text is not None:
+        return KvEventsConfig.from_json(json_text, encoding=encoding.value, python_hash_seed=seed)
+    return kv_events_config(entry, encoding=encoding.value, python_hash_seed=seed)
 
 
 @app.command("mock-vllm")
@@ -63,6 +97,11 @@ def mock_vllm(
         "--kv-role", help="P/D role: prefill, decode or both (default: the backend's kv_role with --config, else both)")] = None,
     kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
     kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
+    kv_events_config: Annotated[str | None, typer.Option(
+        "--kv-events-config", help="vLLM's KV-events JSON, e.g. '{\"enable_kv_cache_events\": true, "
+        "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
+        "(default: the backend's kv_events with --config)")] = None,
+    kv_events_encoding: KvEventsEncoding = EventEncoding.map,
 ) -> None:
     """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE (or a config's backend)."""
     import uvicorn
@@ -90,7 +129,8 @@ def mock_vllm(
         app_ = build_backend_app(settings, entry, catalog, time_scale=time_scale, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  kv_load_failure_policy=kv_load_failure_policy,
-                                 kv_abort_request_timeout_s=kv_abort_request_timeout_s)
+                                 kv_abort_request_timeout_s=kv_abort_request_timeout_s,
+                                 kv_events=_kv_events(kv_events_config, entry, kv_events_encoding))
     except ValueError as exc:  # ConfigError (unknown model/hardware, bad value) or an engine that cannot fit
         raise typer.BadParameter(str(exc)) from exc
     uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S,
@@ -103,6 +143,7 @@ def mock_fleet_cmd(
     time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second (0.01 = 100x faster)")] = 1.0,
     kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
     kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
+    kv_events_encoding: KvEventsEncoding = EventEncoding.map,
 ) -> None:
     """Start a mock vLLM backend for every local backend in the config; Ctrl-C stops them all.
 
@@ -117,7 +158,8 @@ def mock_fleet_cmd(
 
     settings = load_config(config)
     pd_flags = ["--kv-load-failure-policy", kv_load_failure_policy,
-                "--kv-abort-request-timeout-s", str(kv_abort_request_timeout_s)]
+                "--kv-abort-request-timeout-s", str(kv_abort_request_timeout_s),
+                "--kv-events-encoding", kv_events_encoding.value]
     with mock_fleet(settings, time_scale=time_scale, quiet=False, worker_flags=pd_flags) as mocks:
         for mock in mocks:
             if settings.kv_pool is not None:
@@ -151,6 +193,7 @@ def mock_fleet_worker(
     time_scale: Annotated[float, typer.Option("--time-scale", help="wall seconds per modelled second")] = 1.0,
     kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
     kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
+    kv_events_encoding: KvEventsEncoding = EventEncoding.map,
 ) -> None:
     """Serve the given backends of CONFIG in this one process (on one shared KV pool if it has one)."""
     from gateway.commands.fleet_worker import run_fleet
@@ -164,7 +207,9 @@ def mock_fleet_worker(
     try:
         status = run_fleet(settings, default_catalog(), [by_id[b] for b in backend_ids], time_scale=time_scale,
                            kv_load_failure_policy=kv_load_failure_policy,
-                           kv_abort_request_timeout_s=kv_abort_request_timeout_s)
+                           kv_abort_request_timeout_s=kv_abort_request_timeout_s,
+                           kv_events_encoding=kv_events_encoding.value,
+                           python_hash_seed=os.environ.get("PYTHONHASHSEED"))
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {config}: {exc}", err=True)
         raise typer.Exit(2) from exc
