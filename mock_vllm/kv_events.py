@@ -59,6 +59,13 @@ REBIND_TIMEOUT_S = 5.0  # a restarted publisher waits this long for its old port
 REBIND_POLL_S = 0.05
 
 
+def binds(config: KvEventsConfig) -> bool:
+    """vLLM binds its PUB socket when the endpoint has a wildcard (``*``, ``::``) or is ``ipc://`` or
+    ``inproc://``, and connects otherwise; ``config.bind`` forces a bind."""
+    endpoint = config.endpoint
+    return bool(config.bind) or "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 class ZmqEventPublisher:
     """PUB + ROUTER publisher with a replay buffer and fault knobs (module docstring).
 
@@ -76,7 +83,7 @@ class ZmqEventPublisher:
         self._rank = data_parallel_rank
         self._clock = clock
         self._topic = config.topic.encode()
-        self._ctx = zmq.Context()
+        self._ctx: zmq.Context | None = None  # made by `start`, ended by `close`
         self._pub: zmq.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self.endpoint: str | None = None  # the concrete addresses once bound (a ``*`` port resolved)
@@ -136,7 +143,9 @@ class ZmqEventPublisher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         self._close_sockets()
-        self._ctx.term()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
 
     # -- publishing -------------------------------------------------------------------------
     def publish(self, events: list[KVEvent]) -> None:
@@ -183,18 +192,19 @@ class ZmqEventPublisher:
     # -- internals --------------------------------------------------------------------------
     def _open_sockets(self) -> None:
         config = self.config
-        pub = self._pub = self._ctx.socket(zmq.PUB)
+        ctx = self._ctx = self._ctx or zmq.Context()
+        pub = self._pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.set_hwm(config.hwm)
-        endpoint = self.endpoint or config.endpoint
-        if config.bind or any(mark in endpoint for mark in ("*", "::")) or endpoint.startswith(("ipc://", "inproc://")):
+        endpoint = self.endpoint or config.endpoint  # after a stop, the address first bound (a ``*`` port resolved)
+        if binds(config):
             pub.bind(endpoint)
             self.endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
         else:  # vLLM connects to an address without a wildcard (a central proxy binds it)
             pub.connect(endpoint)
             self.endpoint = endpoint
         if config.replay_endpoint is not None:
-            router = self._router = zmq.asyncio.Socket(self._ctx, zmq.ROUTER)
+            router = self._router = zmq.asyncio.Socket(ctx, zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
             router.bind(self.replay_endpoint or config.replay_endpoint)
             self.replay_endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)

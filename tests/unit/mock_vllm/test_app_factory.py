@@ -17,7 +17,9 @@ BACKENDS = [{"id": "a", "url": "http://127.0.0.1:8001", "model": "llama-3.1-8b",
 EVERY_FIELD = {"id": "h100", "url": "http://127.0.0.1:8009", "model": "served-8b", "hardware": "h100-sxm",
                "power_cap_w": 450.0, "tensor_parallel": 2, "host_tier_gb": 64.0, "host_link_gb_s": 41.0,
                "kv_pool_link_gb_s": 33.0, "overlap_host_load": False, "num_gpu_blocks_override": 1234,
-               "labels": {"role": "power-capped"}, "kv_role": "decode", "node": "hgx-1"}
+               "labels": {"role": "power-capped"}, "kv_role": "decode", "node": "hgx-1",
+               "kv_events": {"endpoint": "tcp://127.0.0.1:5599", "replay_endpoint": "tcp://127.0.0.1:5600",
+                             "topic": "kv@h100@served-8b"}}
 # Fields a mock has no use for: where it listens comes from `url` (the worker binds it), and
 # labels are the operator's (the demo report reads them); every other field shapes the engine.
 NOT_THE_ENGINES = {"id", "url", "labels"}
@@ -48,8 +50,12 @@ def test_a_mock_fleet_backend_honours_every_backend_field_the_gateway_reads() ->
     assert engine.cache.kv_pool is not None
     pd = app.state.pd.settings  # P/D: its role, its id as its NIXL engine id, its node in the link table
     assert (pd.kv_role, pd.engine_id, dict(pd.interconnect.nodes)) == ("decode", "h100", {"h100": "hgx-1"})
+    events = app.state.kv_events.publisher.config  # bound where the gateway connects (sockets open at start-up)
+    assert (events.endpoint, events.replay_endpoint, events.topic, events.bind, events.encoding) == (
+        "tcp://127.0.0.1:5599", "tcp://127.0.0.1:5600", "kv@h100@served-8b", True, "map")
+    assert engine.kv_events is app.state.kv_events.recorder
     honoured = {"model", "hardware", "power_cap_w", "tensor_parallel", "host_tier_gb", "host_link_gb_s",
-                "kv_pool_link_gb_s", "overlap_host_load", "num_gpu_blocks_override", "kv_role", "node"}
+                "kv_pool_link_gb_s", "overlap_host_load", "num_gpu_blocks_override", "kv_role", "node", "kv_events"}
     assert honoured | NOT_THE_ENGINES == set(EVERY_FIELD)
 
 
