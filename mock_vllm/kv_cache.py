@@ -199,7 +199,9 @@ class PagedKVCache:
             OutOfBlocks: loading the host-tier blocks needs more free HBM blocks than there are
                 (nothing changed).
         """
-        to_load = [h for h in hashes if h not in self._refs]
+        refs = self._refs
+        loaded = [i for i, h in enumerate(hashes) if h not in refs]
+        to_load = [hashes[i] for i in loaded]
         if len(to_load) > self._free_after_protecting(hashes):
             raise OutOfBlocks
         for h in hashes:
@@ -213,8 +215,7 @@ class PagedKVCache:
         for h in to_load:
             self._evict_one_if_needed()
             self._refs[h] = 1
-        loaded = set(to_load)
-        return [i for i, h in enumerate(hashes) if h in loaded]
+        return loaded
 
     def allocate_anonymous(self, n: int) -> None:
         """Take ``n`` blocks for tokens that have no hash yet. Raises OutOfBlocks (nothing changed)."""

@@ -89,16 +89,14 @@ class KVEventRecorder:
 
     def gpu_loaded(self, chain: BlockChain, mock_hashes: Sequence[int], indexes: Sequence[int]) -> None:
         """Blocks at ``indexes`` (ascending) of a request were loaded into HBM: one event per contiguous run."""
-        run_start = prev = None
+        runs: list[list[int]] = []
         for i in indexes:
-            if run_start is not None and i != prev + 1:  # type: ignore[operator]
-                self.gpu_stored(chain, mock_hashes, run_start, prev + 1)  # type: ignore[operator]
-                run_start = None
-            if run_start is None:
-                run_start = i
-            prev = i
-        if run_start is not None:
-            self.gpu_stored(chain, mock_hashes, run_start, prev + 1)  # type: ignore[operator]
+            if runs and i == runs[-1][-1] + 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            self.gpu_stored(chain, mock_hashes, run[0], run[-1] + 1)
 
     def take(self) -> list[KVEvent]:
         """The events since the last call, oldest first (the next batch)."""

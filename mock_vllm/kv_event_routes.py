@@ -62,6 +62,6 @@ async def set_kv_events_fault(body: KvEventsFault, request: Request) -> dict[str
 @routes.delete(PATH)
 async def clear_kv_events_faults(request: Request) -> dict[str, Any]:
     publisher = _publisher(request)
-    publisher.clear_faults()
     await publisher.start()
+    publisher.clear_faults()  # a held batch goes out on the reopened socket
     return publisher.state()

@@ -121,14 +121,17 @@ class ZmqEventPublisher:
                 if exc.errno != zmq.EADDRINUSE or self.endpoint is None or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(REBIND_POLL_S)  # poll until the old socket has let go
-        if not self._tasks:
+        if not self._tasks:  # the sender's event belongs to the loop that runs it
+            self._wake = asyncio.Event()
             self._tasks.append(asyncio.create_task(self._send_loop(), name="kv-events-sender"))
+            if self._queue:
+                self._wake.set()
         if self._router is not None:
             self._tasks.append(asyncio.create_task(self._replay_loop(), name="kv-events-replay"))
 
     async def stop(self) -> None:
         """Close both sockets (fault knob); batches still get sequence numbers and are buffered."""
-        replay = [t for t in self._tasks[1:]]
+        replay = self._tasks[1:]
         for task in replay:
             task.cancel()
         await asyncio.gather(*replay, return_exceptions=True)

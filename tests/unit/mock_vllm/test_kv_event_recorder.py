@@ -14,6 +14,7 @@ import random
 
 from fleet_config.catalog import default_catalog
 from mock_vllm.engine import MockEngine
+from mock_vllm.kv_cache import SharedKVPool
 from mock_vllm.kv_event_recorder import KVEventRecorder
 from mock_vllm.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
 from mock_vllm.types import EngineConfig
@@ -147,3 +148,26 @@ def test_an_engine_without_events_records_nothing() -> None:
     engine = MockEngine(H100_8B)
     engine.add_request("x", tokens(40, seed=9), max_tokens=1, arrival_s=0.0)
     assert engine._requests["x"].event_chain is None and engine.cache.listener is None
+
+
+def test_blocks_loaded_from_the_shared_pool_are_announced_as_gpu_blocks() -> None:
+    spec = BackendSpec(model=CATALOG.model("llama-3.1-8b"), hardware=CATALOG.hw("h100-sxm"), kv_pool_link_gb_s=25.0)
+    pool = SharedKVPool(1_000)
+    writer, reader = MockEngine(spec, kv_pool=pool), MockEngine(spec, kv_pool=pool)
+    recorder = KVEventRecorder(BLOCK)
+    reader.enable_kv_events(recorder)
+    prompt = tokens(50, seed=10)
+    run(writer, "w", prompt, 0.0)  # the writer's prefill is written through to the pool
+    run(reader, "r", prompt, 0.0)  # the reader loads blocks 0..2 from the pool (hit capped at 49 tokens)
+    d = chain_digests(prompt)
+    assert recorder.take() == [gpu_stored(d[0:3], None, prompt[0:48], [None, None, None])]
+
+
+def test_non_contiguous_loads_are_one_event_per_run() -> None:
+    recorder = KVEventRecorder(BLOCK)
+    prompt = tokens(80, seed=11)
+    chain = recorder.chain(prompt, None)
+    recorder.gpu_loaded(chain, list(range(100, 105)), [1, 2, 4])
+    d = chain_digests(prompt)
+    assert recorder.take() == [gpu_stored(d[1:3], d[0], prompt[16:48], [None, None]),
+                               gpu_stored(d[4:5], d[3], prompt[64:80], [None])]
