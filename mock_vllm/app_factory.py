@@ -7,7 +7,8 @@ tier, KV block override) and its P/D settings from `pd_settings` (``kv_role``; i
 NIXL engine id; the config's interconnect, whose ``node`` entries place it), so a mock
 honours every field the gateway reads, whoever starts
 it (``kappa-gateway mock-vllm``, ``mock-fleet``, the simulator, the tests). No files or
-environment are read here.
+environment are read here: a model's tokenizer (``models.<m>.tokenizer``) is loaded by the
+command that starts the mock and handed in.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mock_vllm.server import create_app
 from mock_vllm.types import EngineConfig
 from router.capacity import VLLM_BLOCK_SIZE_TOKENS, kv_block_bytes
 from router.profiles import GB, Catalog
+from tokenization import EngineTokenizer
 
 STANDALONE_ID = "mock"
 
@@ -56,7 +58,8 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
                       kv_pool: SharedKVPool | None = None, registry: CollectorRegistry | None = None,
                       max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                       kv_load_failure_policy: str = DEFAULT_KV_LOAD_FAILURE_POLICY,
-                      kv_abort_request_timeout_s: float = ABORT_REQUEST_TIMEOUT_S) -> FastAPI:
+                      kv_abort_request_timeout_s: float = ABORT_REQUEST_TIMEOUT_S,
+                      tokenizer: EngineTokenizer | None = None) -> FastAPI:
     """A mock vLLM app impersonating ``backend`` of ``settings``.
 
     Args:
@@ -72,6 +75,9 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
         kv_load_failure_policy: ``recompute`` or ``fail`` (vLLM's ``kv_load_failure_policy``).
         kv_abort_request_timeout_s: engine seconds a prefill keeps KV for a remote decode
             (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, 480 s).
+        tokenizer: the tokenizer of ``backend.model`` (its ``models.<m>.tokenizer`` directory,
+            loaded by the caller: `tokenization.EngineTokenizer.from_dir`); the mock then tokenises
+            as a vLLM engine with that tokenizer would. ``None``: the mock's own tokenizer.
 
     Raises:
         ValueError: an invalid setting (a pool without a kv_pool section, time_scale ≤ 0, an
@@ -82,7 +88,7 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
     pd = pd_settings(settings, backend, kv_load_failure_policy=kv_load_failure_policy,
                      kv_abort_request_timeout_s=kv_abort_request_timeout_s)
     return create_app(MockEngine(spec, config, kv_pool), served_model_name=backend.model, time_scale=time_scale,
-                      registry=registry, pd=pd)
+                      registry=registry, pd=pd, tokenizer=tokenizer)
 
 
 def shared_kv_pool(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry]) -> SharedKVPool:
