@@ -4,7 +4,9 @@
 --backend ID``, every field of that entry honoured) or one described by flags;
 ``mock-fleet`` serves every local backend of a config (`gateway.commands.fleet`), through
 the hidden ``mock-fleet-worker``. All three build the mock with
-`mock_vllm.app_factory.build_backend_app` from a config entry.
+`mock_vllm.app_factory.build_backend_app` from a config entry, with the tokenizer its model's
+``models`` entry names (``mock-vllm --tokenizer DIR`` for one started by flags;
+`gateway.commands.tokenizers`).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def mock_vllm(
     """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE (or a config's backend)."""
     import uvicorn
 
-    from gateway.commands.tokenizers import load_tokenizer, model_tokenizers
+    from gateway.commands.tokenizers import backend_tokenizer
     from mock_vllm.app_factory import build_backend_app, standalone_settings
 
     catalog = default_catalog()
@@ -84,11 +86,9 @@ def mock_vllm(
                 host_tier_gb=host_tier_gb, power_cap_w=power_cap_w, tensor_parallel=tensor_parallel,
                 host_link_gb_s=host_link_gb_s, overlap_host_load=overlap_host_load,
                 num_gpu_blocks_override=num_gpu_blocks_override, kv_role=kv_role or "both")
-        tok = load_tokenizer(tokenizer, None, where="--tokenizer") if tokenizer is not None else \
-            model_tokenizers(settings, [entry], config.parent if config else None).get(entry.model)
-        app_ = build_backend_app(settings, entry, catalog, time_scale=time_scale, max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max_num_batched_tokens, tokenizer=tok,
-                                 kv_load_failure_policy=kv_load_failure_policy,
+        tok = backend_tokenizer(settings, entry, override=tokenizer, config_dir=config.parent if config else None)
+        app_ = build_backend_app(settings, entry, catalog, time_scale=time_scale, max_num_seqs=max_num_seqs, tokenizer=tok,
+                                 max_num_batched_tokens=max_num_batched_tokens, kv_load_failure_policy=kv_load_failure_policy,
                                  kv_abort_request_timeout_s=kv_abort_request_timeout_s)
     except ValueError as exc:  # ConfigError (unknown model/hardware, bad value), a tokenizer, an engine that cannot fit
         raise typer.BadParameter(str(exc)) from exc

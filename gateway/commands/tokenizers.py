@@ -45,3 +45,16 @@ def model_tokenizers(settings: Settings, backends: Iterable[BackendEntry],
         if entry is not None and entry.tokenizer is not None and backend.model not in out:
             out[backend.model] = load_tokenizer(entry.tokenizer, config_dir, where=f"models.{backend.model}.tokenizer")
     return out
+
+
+def backend_tokenizer(settings: Settings, backend: BackendEntry, *, override: str | None,
+                      config_dir: Path | None) -> EngineTokenizer | None:
+    """The tokenizer one mock of ``backend`` uses: ``override`` (``mock-vllm --tokenizer``, from the
+    working directory) when given, else its model's ``models`` entry's, else None (the mock's own).
+
+    Raises:
+        ValueError: a named tokenizer that cannot be loaded (`load_tokenizer`).
+    """
+    if override is not None:
+        return load_tokenizer(override, None, where="--tokenizer")
+    return model_tokenizers(settings, [backend], config_dir).get(backend.model)
