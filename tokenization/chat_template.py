@@ -116,7 +116,7 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None, *,
                add_generation_prompt: bool = True, continue_final_message: bool = False,
-               documents: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> str:
+               documents: Sequence[Mapping[str, Any]] | None = None, variables: Mapping[str, Any] | None = None) -> str:
         """The prompt text of a conversation (module docstring for the variables).
 
         Args:
@@ -127,7 +127,8 @@ class ChatTemplate:
             continue_final_message: leave the final message open instead (not with
                 ``add_generation_prompt``).
             documents: RAG documents for templates that read them.
-            kwargs: further template variables (``chat_template_kwargs``).
+            variables: further template variables (``chat_template_kwargs``); they win over the
+                special tokens, not over the arguments above.
 
         Returns:
             The rendered text, special tokens written out as text.
@@ -143,10 +144,10 @@ class ChatTemplate:
                              "start a new assistant turn")
         if continue_final_message and not messages:
             raise ValueError("continue_final_message is set but there are no messages")
-        variables = {**self.special_tokens, **kwargs}
+        context = {**self.special_tokens, **(variables or {}), "messages": messages, "tools": tools,
+                   "documents": documents, "add_generation_prompt": add_generation_prompt}
         try:
-            rendered = self._template.render(messages=messages, tools=tools, documents=documents,
-                                             add_generation_prompt=add_generation_prompt, **variables)
+            rendered = self._template.render(context)
         except (jinja2.TemplateError, TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"the chat template could not be rendered: {exc.__class__.__name__}: {exc}") from exc
         if continue_final_message:

@@ -40,6 +40,8 @@ TEMPLATE_FILE = "chat_template.jinja"
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # Template variables a request's chat_template_kwargs may not set (vLLM refuses the first two).
 _RESERVED_KWARGS = ("chat_template", "tokenize", "messages", "conversation")
+# chat_template_kwargs that are apply_chat_template's own arguments (vLLM merges them over its own).
+_RENDER_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "tools", "documents")
 
 
 def _token_text(value: Any) -> str | None:
@@ -155,7 +157,8 @@ class EngineTokenizer:
         reserved = sorted(set(kwargs) & set(_RESERVED_KWARGS))
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
-        return self.template.render(messages, **kwargs)
+        arguments = {k: kwargs.pop(k) for k in _RENDER_ARGUMENTS if k in kwargs}
+        return self.template.render(messages, **arguments, variables=kwargs)
 
     def chat_token_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
                        add_generation_prompt: bool = True,

@@ -80,6 +80,8 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError:
                 arguments = {}
+            except RecursionError:  # nested past Python's limit: vLLM's own json.loads fails the request
+                raise ValueError("tool call arguments nested too deeply to parse") from None
         elif not isinstance(arguments, (dict, list)):
             arguments = {}
         out.append({**call, "function": {**function, "arguments": arguments}})

@@ -11,8 +11,9 @@ from tokenization import ChatTemplate
 HI = [{"role": "user", "content": "Hi"}]
 
 
-def render(source: str, messages=HI, **kwargs) -> str:
-    return ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"}).render(messages, **kwargs)
+def render(source: str, messages=HI, variables=None, **arguments) -> str:
+    return ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"}).render(messages, **arguments,
+                                                                                   variables=variables)
 
 
 def test_block_tags_leave_no_whitespace_of_their_own() -> None:
@@ -24,15 +25,16 @@ def test_block_tags_leave_no_whitespace_of_their_own() -> None:
 
 def test_tojson_is_json_dumps_without_html_escapes_or_sorting() -> None:
     value = {"b": "<é>", "a": [1, 2]}
-    assert render("{{ v | tojson }}", v=value) == '{"b": "<é>", "a": [1, 2]}'
-    assert render("{{ v | tojson(separators=(',', ':'), sort_keys=True) }}", v=value) == '{"a":[1,2],"b":"<é>"}'
-    assert render("{{ v | tojson(indent=1) }}", v=[1]) == "[\n 1\n]"
+    assert render("{{ v | tojson }}", variables={"v": value}) == '{"b": "<é>", "a": [1, 2]}'
+    assert render("{{ v | tojson(separators=(',', ':'), sort_keys=True) }}", variables={"v": value}) == '{"a":[1,2],"b":"<é>"}'
+    assert render("{{ v | tojson(indent=1) }}", variables={"v": [1]}) == "[\n 1\n]"
 
 
 def test_special_tokens_and_kwargs_are_variables_and_kwargs_win() -> None:
     source = "{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}{{ flavour }}"
-    assert render(source, flavour="!") == "<s>Hi</s>!"
-    assert render(source, flavour="", eos_token="<end>") == "<s>Hi<end>"
+    assert render(source, variables={"flavour": "!"}) == "<s>Hi</s>!"
+    assert render(source, variables={"flavour": "", "eos_token": "<end>", "self": "?"}) == "<s>Hi<end>"
+    assert render(source, variables={"messages": [{"content": "no"}]}) == "<s>Hi</s>"  # the arguments win
 
 
 def test_generation_prompt_tools_and_documents_reach_the_template() -> None:

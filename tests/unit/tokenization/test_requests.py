@@ -13,6 +13,11 @@ from tokenization.requests import engine_messages, engine_tools
 SHIPPED = Path(__file__).resolve().parents[3] / "assets" / "tokenizers" / "kappa-mock-bpe"
 TOK = EngineTokenizer.from_dir(SHIPPED)
 BOS = 1
+NESTED: dict = {}
+_inner = NESTED
+for _ in range(5_000):  # deeper than Python's recursion limit: json.dumps in tojson cannot print it
+    _inner["a"] = {}
+    _inner = _inner["a"]
 
 
 def chat_text(**body) -> str:
@@ -75,6 +80,9 @@ def test_generation_prompt_continuation_and_template_kwargs() -> None:
         chat_text(messages=messages, continue_final_message=True)
     with pytest.raises(ValueError, match="may not set chat_template"):
         chat_text(messages=messages, chat_template_kwargs={"chat_template": "{{ 1 }}"})
+    # Variables the template does not read change nothing, whatever their names.
+    assert chat_text(messages=messages[:1], chat_template_kwargs={"self": 1, "variables": 2, "enable_thinking": False}) \
+        == "<|bos|><|user|>\nq\n<|assistant|>\n"
 
 
 def test_chat_adds_no_special_tokens_unless_asked() -> None:
@@ -120,6 +128,10 @@ def test_completion_bodies_that_have_no_single_token_sequence_are_refused(body, 
      "'image_url' is not text"),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "a"}]}]}, "function object"),
     ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]}, "must be an object"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "a", "function": {"name": "f", "arguments": "[" * 100_000}}]}]}, "nested too deeply"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": NESTED}}]}, "could not be rendered: RecursionError"),
 ])
 def test_chat_bodies_it_cannot_tokenise_are_refused(body, match) -> None:
     with pytest.raises(ValueError, match=match):
