@@ -29,7 +29,10 @@ COPY router/ router/
 COPY prefix_index/ prefix_index/
 COPY mock_vllm/ mock_vllm/
 COPY sim/ sim/
+COPY tokenization/ tokenization/
 COPY config/ config/
+# The models' tokenizers a config may name (models.<m>.tokenizer), e.g. the mock's kappa-mock-bpe.
+COPY assets/tokenizers/ assets/tokenizers/
 # The per-request hot path is compiled (mypyc and C: setup.py, hot_path) with a compiler and
 # xxhash.h (hot_path.BUILD_PACKAGES) that are removed again in the same layer; without them it would
 # install as pure Python. `kappa-gateway hot-path --require-compiled` imports every hot-path module

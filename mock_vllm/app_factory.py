@@ -8,7 +8,8 @@ NIXL engine id; the config's interconnect, whose ``node`` entries place it) and 
 publisher from `kv_events_config` (``kv_events``), so a mock honours every field the gateway
 reads, whoever starts
 it (``kappa-gateway mock-vllm``, ``mock-fleet``, the simulator, the tests). No files or
-environment are read here.
+environment are read here: a model's tokenizer (``models.<m>.tokenizer``) is loaded by the
+command that starts the mock and handed in.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mock_vllm.server import create_app
 from mock_vllm.types import EngineConfig
 from router.capacity import VLLM_BLOCK_SIZE_TOKENS, kv_block_bytes
 from router.profiles import GB, Catalog
+from tokenization import EngineTokenizer
 
 STANDALONE_ID = "mock"
 
@@ -77,7 +79,7 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
                       max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                       kv_load_failure_policy: str = DEFAULT_KV_LOAD_FAILURE_POLICY,
                       kv_abort_request_timeout_s: float = ABORT_REQUEST_TIMEOUT_S,
-                      kv_events: KvEventsConfig | None = None) -> FastAPI:
+                      kv_events: KvEventsConfig | None = None, tokenizer: EngineTokenizer | None = None) -> FastAPI:
     """A mock vLLM app impersonating ``backend`` of ``settings``.
 
     Args:
@@ -95,6 +97,9 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
             (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, 480 s).
         kv_events: its KV-event publisher (`kv_events_config` of the entry, or ``--kv-events-config``);
             ``None``: none.
+        tokenizer: the tokenizer of ``backend.model`` (its ``models.<m>.tokenizer`` directory,
+            loaded by the caller: `tokenization.EngineTokenizer.from_dir`); the mock then tokenises
+            as a vLLM engine with that tokenizer would. ``None``: the mock's own tokenizer.
 
     Raises:
         ValueError: an invalid setting (a pool without a kv_pool section, time_scale ≤ 0, an
@@ -105,7 +110,7 @@ def build_backend_app(settings: Settings, backend: BackendEntry, catalog: Catalo
     pd = pd_settings(settings, backend, kv_load_failure_policy=kv_load_failure_policy,
                      kv_abort_request_timeout_s=kv_abort_request_timeout_s)
     return create_app(MockEngine(spec, config, kv_pool), served_model_name=backend.model, time_scale=time_scale,
-                      registry=registry, pd=pd, kv_events=kv_events)
+                      registry=registry, pd=pd, kv_events=kv_events, tokenizer=tokenizer)
 
 
 def shared_kv_pool(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry]) -> SharedKVPool:

@@ -2,8 +2,9 @@
 
 Routes (REFERENCE.md §3; wire format in `mock_vllm.openai_api`):
 
-* ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed and not. Chat prompts
-  go through the mock's chat template and tokenizer (`mock_vllm.tokenizer`); completion
+* ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed and not. Prompts are
+  tokenised by the model's tokenizer when it has one (its chat template and
+  ``tokenizer.json``, as vLLM does), else by the mock's own (`mock_vllm.prompts`); completion
   prompts are a string, a list of one string, token ids, or a list of one list of ids (ids
   bypass the tokenizer). A client that disconnects aborts its request in the engine.
 * ``GET /v1/models``, ``GET /health`` (200, empty; 503 once the engine loop has died),
@@ -44,7 +45,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mock_vllm import tokenizer
 from mock_vllm.driver import EngineClock, EngineDead, EngineDriver, OutputQueue
 from mock_vllm.engine import MockEngine, PromptTooLong
 from mock_vllm.kv_event_routes import routes as kv_event_routes
@@ -66,7 +66,9 @@ from mock_vllm.openai_api import (
 )
 from mock_vllm.pd import FAILED_LOAD_MESSAGE, PdConnector, PdSettings, remote_prefill_params
 from mock_vllm.pd_routes import routes as pd_routes
+from mock_vllm.prompts import chat_prompt_ids, completion_prompt_ids
 from mock_vllm.streaming import sse_events, until_done_or_disconnect, usage_of
+from tokenization import EngineTokenizer
 
 MOCK_VERSION = "0.0.0-mock+kappa"
 
@@ -82,6 +84,7 @@ class MockServer:
     clock: EngineClock
     pd: PdConnector
     kv_events: EngineKvEvents | None = None
+    tokenizer: EngineTokenizer | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, model: str | None) -> None:
@@ -109,28 +112,14 @@ routes = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, request: Request, server: ServerDep) -> Response:
     server.check_model(body.model)
     body.check_n()
-    try:
-        prompt = tokenizer.apply_chat_template(body.message_dicts(), body.tools)
-    except (ValueError, TypeError, RuntimeError) as exc:  # vLLM answers a failed template render 400
-        raise ApiError(400, f"The chat template could not be rendered: {exc.__class__.__name__}: {exc}") from exc
-    return await _generate(server, request, body, tokenizer.encode(prompt), chat=True)
+    return await _generate(server, request, body, chat_prompt_ids(body, server.tokenizer), chat=True)
 
 
 @routes.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, server: ServerDep) -> Response:
     server.check_model(body.model)
     body.check_n()
-    prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        prompt_ids = tokenizer.encode(prompt)
-    else:
-        vocab = server.engine.backend.model.vocab_size or tokenizer.VOCAB_SIZE
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ApiError(400, f"Token id {bad} is out of vocabulary (size {vocab}).", param="prompt")
-        prompt_ids = prompt
-    if not prompt_ids:
-        raise ApiError(400, "The prompt cannot be empty.", param="prompt")
+    prompt_ids = completion_prompt_ids(body, server.tokenizer, server.engine.backend.model.vocab_size)
     return await _generate(server, request, body, prompt_ids, chat=False)
 
 
@@ -275,7 +264,7 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 
 def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float = 1.0,
                registry: CollectorRegistry | None = None, pd: PdSettings | None = None,
-               kv_events: KvEventsConfig | None = None) -> FastAPI:
+               kv_events: KvEventsConfig | None = None, tokenizer: EngineTokenizer | None = None) -> FastAPI:
     """A new mock vLLM server app over ``engine``.
 
     Args:
@@ -287,6 +276,8 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
             ``both``, no interconnect (it serves prefills for others, but cannot pull).
         kv_events: vLLM's KV-event publishing (`mock_vllm.kv_events`); ``None`` or inactive: none,
             and the engine computes no vLLM hashes.
+        tokenizer: the model's tokenizer (`tokenization.EngineTokenizer`): prompts are tokenised
+            as a vLLM engine serving it would; ``None``: the mock's own (`mock_vllm.prompts`).
 
     The lifespan starts the engine clock, the P/D connector (its HTTP client), the KV-event
     publisher (its sockets bound: a taken port fails the start-up) and the driver task, and stops
@@ -300,7 +291,7 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
     events = EngineKvEvents(engine, kv_events) if kv_events is not None and kv_events.active else None
     driver = EngineDriver(engine, clock, metrics_, on_kv_held=connector.on_kv_held,
                           after_step=events.flush if events is not None else None)
-    server = MockServer(engine, driver, served_model_name, registry, clock, connector, events)
+    server = MockServer(engine, driver, served_model_name, registry, clock, connector, events, tokenizer)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"hot_path", "gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "bench", "tests"}
+OURS = {"hot_path", "gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "tokenization",
+        "bench", "tests"}
 IO_LIBRARIES = {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette", "prometheus_client", "uvicorn",
                 "socket", "subprocess"}
 
@@ -19,7 +20,10 @@ IO_LIBRARIES = {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette", 
 #   prefix_index  canonical bytes, hashing, the index: stdlib, xxhash (redis in its Redis modules)
 #   dispatch      the one pipeline (gateway and simulator): router, prefix_index; no I/O, no clock
 #   fleet_config  the config schema and files: router, prefix_index (its defaults)
-#   mock_vllm     the mock backend: router, fleet_config (it is built from a backend entry)
+#   tokenization  the engines' tokenizer (issue 30): stdlib, tokenizers, jinja2 only, no room of ours, so
+#                 the mock (as the engine) and the gateway (to name the engine's blocks) share one copy;
+#                 prefix_index, router and dispatch stay free of it (they see token ids, not text)
+#   mock_vllm     the mock backend: router, fleet_config (it is built from a backend entry), tokenization
 #   sim           the simulator: router, prefix_index, dispatch, fleet_config, mock_vllm
 #   gateway       the HTTP edge: router, prefix_index, dispatch, fleet_config; never sim or mock_vllm
 #   gateway/commands  the CLI and offline tools: everything
@@ -27,11 +31,12 @@ IO_LIBRARIES = {"asyncio", "redis", "httpx", "aiohttp", "fastapi", "starlette", 
 FORBIDDEN = {
     "hot_path": OURS - {"hot_path"} | IO_LIBRARIES | {"xxhash", "pydantic"},
     "router": OURS - {"router", "hot_path"} | IO_LIBRARIES | {"xxhash"},
-    "prefix_index": {"gateway", "router", "dispatch", "fleet_config", "mock_vllm", "sim", "bench", "tests", "httpx",
-                     "fastapi"},
+    "prefix_index": {"gateway", "router", "dispatch", "fleet_config", "mock_vllm", "sim", "tokenization", "bench",
+                     "tests", "httpx", "fastapi"},
     "dispatch": OURS - {"dispatch", "router", "prefix_index", "hot_path"} | IO_LIBRARIES,
     "fleet_config": OURS - {"fleet_config", "router", "prefix_index", "hot_path"} | IO_LIBRARIES,
-    "mock_vllm": OURS - {"mock_vllm", "router", "fleet_config", "hot_path"},
+    "tokenization": OURS - {"tokenization"},
+    "mock_vllm": OURS - {"mock_vllm", "router", "fleet_config", "hot_path", "tokenization"},
     "sim": {"gateway", "bench", "tests"},
     "gateway": {"sim", "mock_vllm", "bench", "tests"},
     "tests/support": OURS - {"tests"},
@@ -100,6 +105,14 @@ def test_prefix_index_imports_only_stdlib_and_xxhash() -> None:
         extra = imported_top_levels(path) - allowed - ({"redis"} if rel in REDIS_ALLOWED else set())
         if extra:
             violations.append(f"{rel} imports {sorted(extra)}")
+    assert not violations, "\n".join(violations)
+
+
+def test_tokenization_imports_only_stdlib_tokenizers_and_jinja2() -> None:
+    """The tokenizer room as an allow-list: what a vLLM engine's tokenisation needs and nothing of ours."""
+    allowed = set(sys.stdlib_module_names) | {"tokenizers", "jinja2", "tokenization"}
+    violations = [f"{p.relative_to(ROOT).as_posix()} imports {sorted(extra)}" for p in python_files("tokenization")
+                  if (extra := imported_top_levels(p) - allowed)]
     assert not violations, "\n".join(violations)
 
 

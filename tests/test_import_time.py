@@ -19,7 +19,7 @@ import pytest
 from tests.test_dependency_direction import REDIS_ALLOWED
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "hot_path")
+PACKAGES = ("gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "tokenization", "hot_path")
 # The entry points that do work at import, on purpose, as their first statements: the command line
 # (``kappa-gateway``, ``python -m gateway``) and the app factory's module (``uvicorn --factory
 # gateway.app:create_app`` imports it before it calls the factory). See hot_path's docstring.
@@ -29,9 +29,9 @@ ENV_NAMES = {"environ", "environb", "getenv", "getenvb"}
 CHILD = """
 import importlib, json, pkgutil, sys
 import hot_path
-import router, prefix_index, dispatch, fleet_config, sim, mock_vllm
+import router, prefix_index, dispatch, fleet_config, sim, mock_vllm, tokenization
 skipped = set(json.loads(sys.argv[1]))
-for package in (router, prefix_index, dispatch, fleet_config, sim, mock_vllm):
+for package in (router, prefix_index, dispatch, fleet_config, sim, mock_vllm, tokenization):
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         if module.name not in skipped and not module.name.rpartition(".")[2].startswith("_"):  # not _chain
             importlib.import_module(module.name)

@@ -7,7 +7,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("hot_path", "gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "bench")
+ROOMS = ("hot_path", "gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "tokenization",
+         "bench")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 MAX_LONG_FUNCTIONS = 3

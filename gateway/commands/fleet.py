@@ -5,7 +5,8 @@ process (`gateway.commands.fleet_worker`) built from that backend's own config e
 mock honours every field the gateway reads. Without a ``kv_pool`` section each backend gets
 its own process; with one, one process serves them all, so that they share one
 `mock_vllm.kv_cache.SharedKVPool` object. The workers read the settings from a temporary
-YAML file, removed when the fleet stops. Readiness is polled on each ``/health``; the
+YAML file, removed when the fleet stops; a model's ``tokenizer`` directory is written there as
+an absolute path, resolved against the original config's directory. Readiness is polled on each ``/health``; the
 processes are ended by their pids, and only those.
 """
 
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from fleet_config import BackendEntry, Settings
+from fleet_config.kv_events import resolve_tokenizer_dir
 from gateway.commands.processes import answers_ok, stop_processes
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -45,6 +47,23 @@ def worker_command(config: Path, backends: Sequence[BackendEntry], *, time_scale
 
 def local_backends(settings: Settings) -> list[BackendEntry]:
     return [b for b in settings.backends if urlsplit(b.url).hostname in LOCAL_HOSTS]
+
+
+def worker_settings_doc(settings: Settings, config_dir: Path | None) -> dict:
+    """``settings`` as the workers' YAML document, each ``models.<m>.tokenizer`` made absolute
+    (`fleet_config.kv_events.resolve_tokenizer_dir`: ``config_dir`` first, then the working directory).
+
+    Raises:
+        ValueError: a named tokenizer directory holds no ``tokenizer.json``.
+    """
+    doc = settings.model_dump(mode="json")
+    for name, model in doc.get("models", {}).items():
+        if model.get("tokenizer"):
+            try:
+                model["tokenizer"] = str(resolve_tokenizer_dir(model["tokenizer"], config_dir))
+            except ValueError as exc:
+                raise ValueError(f"models.{name}.tokenizer: {exc}") from exc
+    return doc
 
 
 @dataclass(frozen=True)
@@ -71,15 +90,17 @@ def _wait_healthy(mocks: Sequence[MockProcess]) -> None:
 
 
 @contextmanager
-def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True,
-               worker_flags: Sequence[str] = ()) -> Iterator[list[MockProcess]]:
+def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True, worker_flags: Sequence[str] = (),
+               config_dir: Path | None = None) -> Iterator[list[MockProcess]]:
     """Start the mocks of every local backend, wait until all answer /health, stop them on exit.
 
     Without ``kv_pool``: one process per backend. With it: one process serving them all. Each
     mock takes its backend's ``kv_role`` and the config's ``interconnect`` from the config;
-    ``worker_flags`` go to every worker (``--kv-load-failure-policy``, ...).
+    ``worker_flags`` go to every worker (``--kv-load-failure-policy``, ...). ``config_dir``: the
+    directory of the file ``settings`` came from, where relative tokenizer paths start.
 
     Raises:
+        ValueError: a model's tokenizer directory is missing (`worker_settings_doc`).
         RuntimeError: a mock exited during start-up (its port taken, a bad setting).
         TimeoutError: not all were healthy within READY_TIMEOUT_S.
     """
@@ -87,8 +108,9 @@ def mock_fleet(settings: Settings, *, time_scale: float, quiet: bool = True,
     backends = local_backends(settings)
     groups = [backends] if settings.kv_pool is not None else [[b] for b in backends]
     mocks: list[MockProcess] = []
+    doc = worker_settings_doc(settings, config_dir)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mock-fleet-", delete=False) as f:
-        yaml.safe_dump(settings.model_dump(mode="json"), f)
+        yaml.safe_dump(doc, f)
     config = Path(f.name)
     try:
         for group in groups:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from fleet_config import BackendEntry, Settings
 from mock_vllm.app_factory import build_backend_app, kv_events_config, shared_kv_pool
 from router.profiles import Catalog
+from tokenization import EngineTokenizer
 
 # uvicorn waits forever for open streams by default (STYLE.md B7); the same bound as mock-vllm's.
 GRACEFUL_SHUTDOWN_S = 5.0
@@ -37,18 +38,22 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 def build_apps(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *,
                time_scale: float, kv_events_encoding: str = "map", python_hash_seed: str | None = None,
-               **pd: Any) -> list[FastAPI]:
+               tokenizers: Mapping[str, EngineTokenizer] | None = None, **pd: Any) -> list[FastAPI]:
     """One mock app per backend (in order); with a ``kv_pool`` section, all on one shared pool.
-    ``pd``: the P/D keywords of `build_backend_app` (``kv_load_failure_policy``, ...); a backend with
-    ``kv_events`` publishes them in ``kv_events_encoding``, hashes seeded by ``python_hash_seed``.
+    ``tokenizers``: served model name -> its tokenizer (`gateway.commands.tokenizers.model_tokenizers`);
+    a model without one tokenises with the mock's own. ``pd``: the P/D keywords of `build_backend_app`
+    (``kv_load_failure_policy``, ...); a backend with ``kv_events`` publishes them in
+    ``kv_events_encoding``, hashes seeded by ``python_hash_seed``.
 
     Raises:
         ValueError: a bad setting (`shared_kv_pool`, `build_backend_app`).
     """
     kv_pool = shared_kv_pool(settings, catalog, backends) if settings.kv_pool is not None else None
+    tokenizers = tokenizers or {}
     return [build_backend_app(settings, backend, catalog, time_scale=time_scale, kv_pool=kv_pool,
                               kv_events=kv_events_config(backend, encoding=kv_events_encoding,  # type: ignore[arg-type]
-                                                         python_hash_seed=python_hash_seed), **pd)
+                                                         python_hash_seed=python_hash_seed),
+                              tokenizer=tokenizers.get(backend.model), **pd)
             for backend in backends]
 
 
@@ -105,7 +110,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run_fleet(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *, time_scale: float,
-              **pd: Any) -> int:
+              tokenizers: Mapping[str, EngineTokenizer] | None = None, **pd: Any) -> int:
     """Build the mocks of ``backends`` and serve them until a stop signal (blocks).
 
     Returns:
@@ -114,6 +119,6 @@ def run_fleet(settings: Settings, catalog: Catalog, backends: Sequence[BackendEn
     Raises:
         ValueError: a bad setting (`build_apps`).
     """
-    apps = build_apps(settings, catalog, backends, time_scale=time_scale, **pd)
+    apps = build_apps(settings, catalog, backends, time_scale=time_scale, tokenizers=tokenizers, **pd)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(serve_all(apps, [b.url for b in backends]))

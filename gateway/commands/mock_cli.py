@@ -10,6 +10,9 @@ KV-cache events (`mock_vllm.kv_events`): ``mock-vllm --kv-events-config JSON`` t
 with ``--config`` and no such flag, and under ``mock-fleet``, a backend entry's ``kv_events``
 starts its publisher, bound where the gateway connects. The engines' block hashes are seeded by
 this process's ``PYTHONHASHSEED``, as vLLM's are.
+
+Tokenizers: a mock uses the tokenizer its model's ``models`` entry names (``mock-vllm --tokenizer DIR``
+for one started by flags; `gateway.commands.tokenizers`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from fleet_config import ConfigError, default_catalog
+from fleet_config import BackendEntry, ConfigError, Settings, default_catalog
 from gateway.commands.typer_app import app, load_config
 
 if TYPE_CHECKING:
@@ -95,6 +98,9 @@ def mock_vllm(
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level; 'warning' drops access logs")] = "info",
     kv_role: Annotated[str | None, typer.Option(
         "--kv-role", help="P/D role: prefill, decode or both (default: the backend's kv_role with --config, else both)")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        "--tokenizer", help="the model's tokenizer directory (tokenizer.json, tokenizer_config.json): prompts are "
+        "tokenised as vLLM would (default: the config's models.<m>.tokenizer, else the mock's own)")] = None,
     kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
     kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
     kv_events_config: Annotated[str | None, typer.Option(
@@ -106,19 +112,13 @@ def mock_vllm(
     """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE (or a config's backend)."""
     import uvicorn
 
+    from gateway.commands.tokenizers import backend_tokenizer
     from mock_vllm.app_factory import build_backend_app, standalone_settings
 
     catalog = default_catalog()
     try:
         if config is not None or backend_id is not None:
-            if config is None or backend_id is None:
-                raise typer.BadParameter("--config and --backend go together")
-            settings = load_config(config)
-            entry = next((b for b in settings.backends if b.id == backend_id), None)
-            if entry is None:
-                raise typer.BadParameter(f"no backend {backend_id!r} in {config}", param_hint="--backend")
-            host, port = host or urlsplit(entry.url).hostname, entry.port if port is None else port
-            entry = entry if kv_role is None else entry.model_copy(update={"kv_role": kv_role})
+            settings, entry, host, port = _config_backend(config, backend_id, host, port, kv_role)
         else:
             host, port = host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
             settings, entry = standalone_settings(
@@ -126,15 +126,28 @@ def mock_vllm(
                 host_tier_gb=host_tier_gb, power_cap_w=power_cap_w, tensor_parallel=tensor_parallel,
                 host_link_gb_s=host_link_gb_s, overlap_host_load=overlap_host_load,
                 num_gpu_blocks_override=num_gpu_blocks_override, kv_role=kv_role or "both")
-        app_ = build_backend_app(settings, entry, catalog, time_scale=time_scale, max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max_num_batched_tokens,
-                                 kv_load_failure_policy=kv_load_failure_policy,
+        tok = backend_tokenizer(settings, entry, override=tokenizer, config_dir=config.parent if config else None)
+        app_ = build_backend_app(settings, entry, catalog, time_scale=time_scale, max_num_seqs=max_num_seqs, tokenizer=tok,
+                                 max_num_batched_tokens=max_num_batched_tokens, kv_load_failure_policy=kv_load_failure_policy,
                                  kv_abort_request_timeout_s=kv_abort_request_timeout_s,
                                  kv_events=_kv_events(kv_events_config, entry, kv_events_encoding))
-    except ValueError as exc:  # ConfigError (unknown model/hardware, bad value) or an engine that cannot fit
+    except ValueError as exc:  # ConfigError (unknown model/hardware, bad value), a tokenizer, an engine that cannot fit
         raise typer.BadParameter(str(exc)) from exc
     uvicorn.run(app_, host=host, port=port, timeout_graceful_shutdown=MOCK_VLLM_GRACEFUL_SHUTDOWN_S,
                 log_level=log_level, access_log=log_level in ("debug", "trace", "info"))
+
+
+def _config_backend(config: Path | None, backend_id: str | None, host: str | None, port: int | None,
+                    kv_role: str | None) -> tuple[Settings, BackendEntry, str | None, int]:
+    """``--config``'s backend ``--backend`` (its kv_role overridden by ``--kv-role``), and where it listens."""
+    if config is None or backend_id is None:
+        raise typer.BadParameter("--config and --backend go together")
+    settings = load_config(config)
+    entry = next((b for b in settings.backends if b.id == backend_id), None)
+    if entry is None:
+        raise typer.BadParameter(f"no backend {backend_id!r} in {config}", param_hint="--backend")
+    entry = entry if kv_role is None else entry.model_copy(update={"kv_role": kv_role})
+    return settings, entry, host or urlsplit(entry.url).hostname, entry.port if port is None else port
 
 
 @app.command("mock-fleet")
@@ -154,13 +167,18 @@ def mock_fleet_cmd(
     import sys
     import time
 
-    from gateway.commands.fleet import mock_fleet
+    from gateway.commands.fleet import mock_fleet, worker_settings_doc
 
     settings = load_config(config)
     pd_flags = ["--kv-load-failure-policy", kv_load_failure_policy,
                 "--kv-abort-request-timeout-s", str(kv_abort_request_timeout_s),
                 "--kv-events-encoding", kv_events_encoding.value]
-    with mock_fleet(settings, time_scale=time_scale, quiet=False, worker_flags=pd_flags) as mocks:
+    try:
+        worker_settings_doc(settings, config.parent)  # a missing tokenizer directory: an error before any start
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from exc
+    with mock_fleet(settings, time_scale=time_scale, quiet=False, worker_flags=pd_flags,
+                    config_dir=config.parent) as mocks:
         for mock in mocks:
             if settings.kv_pool is not None:
                 typer.echo(f"one process (pid {mock.proc.pid}) serving {len(mock.backends)} mocks that share a "
@@ -197,6 +215,7 @@ def mock_fleet_worker(
 ) -> None:
     """Serve the given backends of CONFIG in this one process (on one shared KV pool if it has one)."""
     from gateway.commands.fleet_worker import run_fleet
+    from gateway.commands.tokenizers import model_tokenizers
 
     settings = load_config(config, overrides=False)  # as mock-fleet resolved it: no overrides again
     by_id = {b.id: b for b in settings.backends}
@@ -205,7 +224,9 @@ def mock_fleet_worker(
         typer.echo(f"error: {config}: no backend {unknown[0]!r}", err=True)
         raise typer.Exit(2)
     try:
-        status = run_fleet(settings, default_catalog(), [by_id[b] for b in backend_ids], time_scale=time_scale,
+        backends = [by_id[b] for b in backend_ids]
+        status = run_fleet(settings, default_catalog(), backends, time_scale=time_scale,
+                           tokenizers=model_tokenizers(settings, backends, config.parent),
                            kv_load_failure_policy=kv_load_failure_policy,
                            kv_abort_request_timeout_s=kv_abort_request_timeout_s,
                            kv_events_encoding=kv_events_encoding.value,

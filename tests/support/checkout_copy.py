@@ -2,7 +2,7 @@
 
 Tests use it to see what a user's tree that differs from this one does: a build that compiled only
 part of the hot path, or a checkout with no ``../shared/data`` beside it. The copy holds the packages,
-the tests, ``config/`` and the build files; compiled modules (``*.so``) only when asked.
+the tests, ``config/``, ``assets/`` (the shipped tokenizers) and the build files; compiled modules (``*.so``) only when asked.
 
 `run_in_copy` runs a module there as ``python -m`` would, but first drops the meta-path finder of an
 editable install (setuptools' ``__editable___*_finder``): on a machine where some checkout was installed
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TREE = ("hot_path", "gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "config",
-        "tests", "bench")
+TREE = ("hot_path", "gateway", "router", "prefix_index", "dispatch", "fleet_config", "mock_vllm", "sim", "tokenization",
+        "config", "assets", "tests", "bench")
 FILES = ("setup.py", "pyproject.toml", "README.md", "Dockerfile", "docker-compose.yml")
 NOT_COPIED = ("__pycache__", ".pytest_cache", "results", "*.egg-info")
 RUN_ALONE = ("import runpy, sys; "
