@@ -33,10 +33,11 @@ makes it clean again. The gateway routes on exact entries only for a clean backe
 
 Match rule. A request's token ids are cut into each backend's engine blocks and chained
 (`engine_chain.own_chain`). ``hbm_blocks`` is the number of leading blocks resident in HBM;
-``matched_blocks`` the number of leading blocks resident in HBM or the host tier;
-``host_blocks = matched - hbm``. A missing block ends the prefix, even if later blocks are held:
-vLLM's own lookup (``find_longest_cache_hit``) stops at the first miss, so later blocks are not
-hits. Events of KV-cache groups other than 0 (hybrid models' extra groups) and of media other
+``host_blocks`` the number of blocks right after those that are resident in the host tier. vLLM
+finds its GPU prefix hit first (``find_longest_cache_hit`` stops at the first miss) and its
+offloading connector then looks up the host tier from where that hit ended, block by block; so a
+block held in neither tier ends the prefix, and so does a block held only in HBM after the HBM
+prefix ended — later blocks are not hits even if held. Events of KV-cache groups other than 0 (hybrid models' extra groups) and of media other
 than GPU and CPU are skipped (counted).
 
 Bound. At most ``max_blocks_per_backend`` engine hashes per (model, backend): a store past it is
@@ -297,16 +298,11 @@ def chains_by_block_size(model: str, token_ids: Sequence[int], block_sizes: Mapp
 
 def walk_chain(chain: Sequence[int], in_hbm: Callable[[int], bool], in_host: Callable[[int], bool]) -> tuple[int, int]:
     """``(hbm_blocks, host_blocks)`` of a chain under the match rule (module docstring): leading blocks in
-    HBM, then leading blocks in either tier; ``engine_redis``'s match script walks the same way."""
-    hbm = matched = 0
-    in_prefix = True
-    for own in chain:
-        held_hbm = in_hbm(own)
-        if in_prefix and held_hbm:
-            hbm += 1
-        else:
-            in_prefix = False
-            if not held_hbm and not in_host(own):
-                break
-        matched += 1
-    return hbm, matched - hbm
+    HBM, then the blocks after them in the host tier; ``engine_lua.MATCH_LUA`` walks the same way."""
+    hbm = 0
+    while hbm < len(chain) and in_hbm(chain[hbm]):
+        hbm += 1
+    host = hbm
+    while host < len(chain) and in_host(chain[host]):
+        host += 1
+    return hbm, host - hbm

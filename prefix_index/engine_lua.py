@@ -138,20 +138,21 @@ for b = 1, #KEYS / 2 do
   local length = ((string.byte(spec, at + 4) * 256 + string.byte(spec, at + 5)) * 256 + string.byte(spec, at + 6))
                  * 256 + string.byte(spec, at + 7)
   local hk, ck = KEYS[2 * b - 1], KEYS[2 * b]
-  local hbm, matched, in_prefix = 0, 0, true
-  for i = offset + 1, offset + length, 8 do
+  local hbm, host, tier = 0, 0, hk
+  local i = offset + 1
+  while i <= offset + length do
     local own = string.sub(chains, i, i + 7)
-    local held = redis.call('HEXISTS', hk, own) == 1
-    if in_prefix and held then
-      hbm = hbm + 1
+    if redis.call('HEXISTS', tier, own) == 1 then
+      if tier == hk then hbm = hbm + 1 else host = host + 1 end
+      i = i + 8
+    elseif tier == hk then
+      tier = ck
     else
-      in_prefix = false
-      if not held and redis.call('HEXISTS', ck, own) == 0 then break end
+      break
     end
-    matched = matched + 1
   end
   out[2 * b - 1] = hbm
-  out[2 * b] = matched - hbm
+  out[2 * b] = host
 end
 return out
 """

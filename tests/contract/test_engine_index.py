@@ -105,7 +105,10 @@ async def test_tiers_and_a_missing_middle_block_ends_the_prefix(index: EngineInd
     assert r.state.blocks == {Tier.HBM: 1, Tier.HOST: 2}
     await index.apply(M, B, 4, ev(5.0, BlockRemoved((12,), "CPU")))  # block 1 gone from both tiers
     assert await exact(index) == ExactMatch(1, 0, 4)  # 13 is still held, but after a miss it is no hit
-    r = await index.apply(M, B, 5, ev(6.0, BlockRemoved((12, 77), "GPU")))
+    await index.apply(M, B, 5, ev(6.0, stored([12], 11, 1, medium="CPU"), BlockRemoved((13,), "CPU"),
+                                  stored([13], 12, 2)))  # 13 back in HBM only, after the host block 12
+    assert await exact(index) == ExactMatch(1, 1, 4)  # vLLM's host lookup starts after its HBM hit
+    r = await index.apply(M, B, 6, ev(7.0, BlockRemoved((12, 77), "GPU")))
     assert (r.counts.removed, r.counts.unknown_removed) == (0, 2)
 
 
