@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq.asyncio
@@ -24,7 +24,12 @@ from prefix_index import PrefixIndexError
 from prefix_index.engine_events import Tier
 from prefix_index.engine_index import NO_EXACT_MATCH, EngineIndex, ExactMatch
 
-__all__ = ["KvEventsFleet", "SUPERVISOR_RESTART_S"]
+__all__ = ["KvEventsFleet", "SUPERVISOR_RESTART_S", "TokenIdsOf", "request_token_ids"]
+
+# The engines' tokenizer for a request: (model, body, chat) -> its prompt's token ids, or None (no
+# tokenizer for that model). Issue 30's `tokenization.request_token_ids` fills it; without it, only
+# completions whose prompt is token ids route exactly.
+TokenIdsOf = Callable[[str, Mapping[str, Any], bool], Sequence[int] | None]
 
 log = logging.getLogger("kappa_gateway.kv_events")
 
@@ -88,6 +93,10 @@ class KvEventsFleet:
         if subscriber is not None:
             subscriber.on_engine_restart()
 
+    def any_exact(self, model: str) -> bool:
+        """Whether some backend of ``model`` routes on its events now (worth the request's token ids)."""
+        return any(s.model == model and s.mode is Mode.EXACT for s in self.subscribers.values())
+
     def mode(self, backend_id: str) -> Mode:
         subscriber = self.subscribers.get(backend_id)
         return Mode.APPROXIMATE if subscriber is None else subscriber.mode
@@ -96,10 +105,8 @@ class KvEventsFleet:
                             cache_salt: str | None = None) -> dict[str, ExactMatch]:
         """The exact index's matches for the candidates in ``exact`` mode (the others are absent: they
         route on the approximate index). One round trip; a failing store answers ``{}`` (counted in
-        ``lookup_errors``: routing degrades to approximate, the request goes on).
-
-        Raises:
-            ValueError: a token id outside [0, 2**32).
+        ``lookup_errors``: routing degrades to approximate, the request goes on), and so does a token id
+        past 2**32.
         """
         sizes: dict[str, int] = {}
         out: dict[str, ExactMatch] = {}
@@ -116,6 +123,8 @@ class KvEventsFleet:
             return out
         try:
             return out | await self.index.match(model, token_ids, sizes, cache_salt=cache_salt)
+        except ValueError:  # a token id past 2**32: no engine's; routed on the approximate index
+            return {}
         except PrefixIndexError as exc:
             self.lookup_errors += 1
             log.debug("exact index lookup failed (%s): routing on the approximate index", exc)
@@ -137,3 +146,25 @@ class KvEventsFleet:
             "engine_blocks": 0 if state is None else state.engine_blocks,
             "batches": dict(subscriber.counts), "stream_restarts": subscriber.stream_restarts,
         }
+
+
+def request_token_ids(model: str, body: Mapping[str, Any], chat: bool, tokenize: TokenIdsOf | None
+                      ) -> tuple[int, ...] | None:
+    """The prompt's token ids, or None (the request routes on the approximate index).
+
+    A completion whose ``prompt`` is one list of token ids needs no tokenizer (the canonicaliser has
+    checked every id already: `prefix_index.completion_prompts`); anything else needs ``tokenize``. A
+    batch of prompts is several requests to vLLM: None. A tokenizer that fails (``ValueError``) gives None.
+    """
+    prompt = body.get("prompt")
+    if not chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return tuple(prompt)
+    if tokenize is None or (not chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], list)):
+        return None
+    try:
+        ids = tokenize(model, body, chat)
+    except ValueError as exc:
+        log.debug("no token ids for a %s request to %s (%s): routed approximately", "chat" if chat else
+                  "completion", model, exc)
+        return None
+    return None if ids is None else tuple(ids)
