@@ -114,3 +114,28 @@ def _bind(socket: zmq.asyncio.Socket, port: int | None) -> int:
         return socket.bind_to_random_port("tcp://127.0.0.1")
     socket.bind(f"tcp://127.0.0.1:{port}")
     return port
+
+
+class PublisherThread:
+    """A `KvEventPublisher` on its own event loop in a daemon thread, for synchronous tests (a gateway
+    served in another thread): `call` runs one of its coroutine methods there and waits for it."""
+
+    def __init__(self, **options: Any) -> None:
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="kv-event-publisher", daemon=True)
+        self._thread.start()
+        self.publisher: KvEventPublisher = self.call(KvEventPublisher(**options).start())
+
+    def call(self, coro: Any, timeout_s: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def publish(self, events: list[Any], **kw: Any) -> int:
+        return self.call(self.publisher.publish(events, **kw))
+
+    def close(self) -> None:
+        self.call(self.publisher.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
