@@ -24,7 +24,6 @@ tier); `Tier` names where the block lives. An event of an unknown type is skippe
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,7 +248,3 @@ def _opt_int(value: Any, name: str) -> int | None:
 def _kind(value: Any) -> str:
     return type(value).__name__
 
-
-def stored_blocks(events: Sequence[Event]) -> int:
-    """Blocks the batch's ``BlockStored`` events name (for counters)."""
-    return sum(len(e.block_hashes) for e in events if isinstance(e, BlockStored))

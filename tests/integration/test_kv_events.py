@@ -57,11 +57,12 @@ class Harness:
         self.tasks: list[asyncio.Task[None]] = []
 
     def subscribe(self, publisher: KvEventPublisher, *, replay: bool = True, endpoint: str | None = None,
-                  backend_id: str = B, index: EngineIndex | None = None) -> tuple[KvEventSubscriber, asyncio.Task]:
+                  backend_id: str = B, index: EngineIndex | None = None,
+                  **options: Any) -> tuple[KvEventSubscriber, asyncio.Task]:
         entry = KvEventsEntry(endpoint=endpoint or publisher.endpoint,
                               replay_endpoint=publisher.replay_endpoint if replay and publisher.with_replay else None)
         sub = KvEventSubscriber(backend_id, M, entry, index or self.index, self.ctx, self.telemetry,
-                                connect_timeout_s=0.2, replay_timeout_s=1.0)
+                                connect_timeout_s=0.2, replay_timeout_s=1.0, **options)
         task = asyncio.create_task(sub.run())
         self.tasks.append(task)
         return sub, task
@@ -274,3 +275,36 @@ async def test_redis_down_degrades_and_never_raises(harness: Harness, publisher:
         assert not task.done()
     finally:
         await dead.aclose()
+
+
+async def test_a_batch_applied_late_is_lag(harness: Harness, publisher: KvEventPublisher) -> None:
+    now = [1000.0]
+    sub, _ = harness.subscribe(publisher, wall_clock=lambda: now[0], max_lag_s=5.0)
+    await until(lambda: sub.mode is Mode.EXACT, "exact")
+    await publisher.wait_subscribed()
+    await publisher.publish([blocks(0, 1)], ts=994.0)  # applied 6 s after the engine stamped it
+    await synced(sub, 0)
+    assert sub.mode_and_reason() == (Mode.DEGRADED, "applying more than 5 s behind the engine")
+    await publisher.publish([], ts=999.0)
+    await synced(sub, 1)
+    assert sub.mode is Mode.EXACT
+
+
+async def test_an_endpoint_that_is_not_zmq_is_approximate_and_logged(harness: Harness,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    caplog.set_level(logging.WARNING, "kappa_gateway.kv_events")
+    try:
+        pub = KvEventPublisher(port=port, replay=False)
+        sub, task = harness.subscribe(pub, replay=False)
+        await until(lambda: f"no publisher at tcp://127.0.0.1:{port}" in caplog.text, "the log line")
+        assert sub.mode is Mode.APPROXIMATE and not task.done()
+        await pub.stop()
+    finally:
+        server.close()
+        await server.wait_closed()
