@@ -21,7 +21,8 @@ Modes (`Mode`), in this order of precedence:
 - ``approximate``: no ZMQ handshake with the publisher (down, unreachable, not a ZMQ PUB); one
   log line when it is first missed, then ZMQ reconnects on its own, backing off from 0.1 s to
   30 s (``RECONNECT_IVL``/``RECONNECT_IVL_MAX``). Routing uses the approximate index.
-- ``degraded``: connected, but a replay is in progress, the index store is failing, the last
+- ``degraded``: connected, but a replay is in progress, the index store is failing (asked again
+  every ``STORE_RETRY_S`` while no batch comes, then caught up by a replay), the last
   batch was applied more than ``max_lag_s`` after the engine published it, or the state is not
   clean (a mid-stream start, a lost batch, blocks refused at the cap). Routing: approximate.
 - ``exact``: connected and none of the above — the state began at the engine's seq 0 or an
@@ -64,6 +65,8 @@ DEFAULT_REPLAY_TIMEOUT_S = 2.0
 # subscriber is behind: 5 s is ~100 engine steps, far past one scrape interval.
 DEFAULT_MAX_LAG_S = 5.0
 RECONNECT_IVL_MS, RECONNECT_IVL_MAX_MS = 100, 30_000
+# While the index store fails and no batch arrives (an idle engine), it is asked again this often.
+STORE_RETRY_S = 1.0
 _POLL_MS = 250
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
@@ -170,6 +173,7 @@ class KvEventSubscriber:
         poller.register(monitor, zmq.POLLIN)
         warn_at = asyncio.get_running_loop().time() + self._connect_timeout_s
         warned = False
+        retry_at = 0.0
         while True:
             ready = dict(await poller.poll(_POLL_MS))
             if monitor in ready:
@@ -184,6 +188,10 @@ class KvEventSubscriber:
             if self._resync.is_set() and self.connected:
                 self._resync.clear()
                 await self._engine_restarted()
+            now = asyncio.get_running_loop().time()
+            if self.connected and not self.store_ok and now >= retry_at:  # catch up once the store is back
+                retry_at = now + STORE_RETRY_S
+                await self._catch_up()
             if not self.connected and not warned and asyncio.get_running_loop().time() >= warn_at:
                 warned = True
                 log.warning("KV events of backend %s: no publisher at %s (no ZMQ handshake within %g s): routing it "
@@ -215,6 +223,8 @@ class KvEventSubscriber:
         """After a (re)connection: replay whatever the index lacks (from its ``last_seq + 1``, or 0)."""
         try:
             self.state = await self._index.state(self.model, self.backend_id)
+            if not self.store_ok:
+                log.info("KV events of backend %s: the index store answers again", self.backend_id)
             self.store_ok = True
         except PrefixIndexError as exc:
             self._store_failed(exc)
