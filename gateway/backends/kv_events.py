@@ -103,6 +103,7 @@ class KvEventSubscriber:
         self.store_ok = True
         self.lagging = False
         self.synced_empty = False  # a replay from 0 found nothing published: the empty state is complete
+        self.behind = False  # a catch-up replay failed: what was published while away is unknown
         self.state: EngineState | None = None
         self.counts = dict.fromkeys(KvEventsTelemetry.OUTCOMES, 0)
         self.stream_restarts = 0
@@ -119,7 +120,8 @@ class KvEventSubscriber:
         if not self.connected:
             return Mode.APPROXIMATE, self.not_connected_reason
         for flag, reason in ((self.replaying, "replay in progress"), (not self.store_ok, "index store unavailable"),
-                             (self.lagging, f"applying more than {self._max_lag_s:g} s behind the engine")):
+                             (self.lagging, f"applying more than {self._max_lag_s:g} s behind the engine"),
+                             (self.behind, "catch-up replay failed: waiting for the next batch")):
             if flag:
                 return Mode.DEGRADED, reason
         if self.state is None:
@@ -313,6 +315,8 @@ class KvEventSubscriber:
             self.synced_empty = False
         if result.state is not None:
             self._telemetry.set_blocks(self.backend_id, result.state.blocks)
+        if outcome is not ApplyOutcome.GAP:
+            self.behind = False  # the index holds every batch up to this one: in sequence again
         if outcome is ApplyOutcome.APPLIED and not replayed:
             self.lagging = self._wall_clock() - batch.ts > self._max_lag_s
         self._publish_mode()
@@ -343,6 +347,7 @@ class KvEventSubscriber:
             batches = await replay(self._context, self.entry.replay_endpoint, from_seq, timeout_s=self._replay_timeout_s)
         except ReplayFailed as exc:
             log.warning("KV events of backend %s: replay from %d failed: %s", self.backend_id, from_seq, exc)
+            self.behind = trigger is None  # a catch-up: whether batches were missed is unknown
             return False
         finally:
             self.replaying = False
