@@ -6,7 +6,9 @@ simulator (`sim.simulator`), so both route by the same code:
 1. capacities: each target's KV capacity (`Target.kv_capacity_bytes`) and host tier in
    index blocks of the model's current tokens-per-block estimate, plus the fleet-shared KV
    pool's, if any;
-2. one index call for every target and the pool (`PrefixIndex.match`);
+2. one index call for every target and the pool (`PrefixIndex.match`); where the gateway handed in
+   the event-fed index's matches (``exact``: backends whose KV events are in sync), those instead
+   (`dispatch.exact`);
 3. the in-flight overlay (`prefix_index.PendingChains`: chains of requests routed and not yet
    ended count as held in HBM where they went) and the pool overlay (`with_kv_pool`);
 4. `router.types.RequestFeatures` and one `BackendView` per target, then `router.decide`;
@@ -26,11 +28,12 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
+from dispatch.exact import with_exact
 from dispatch.ledger import Ticket
 from dispatch.split import charge_split
 from dispatch.views import view_of
@@ -46,6 +49,7 @@ from prefix_index import (
     kv_pool_capacity,
     with_kv_pool,
 )
+from prefix_index.engine_index import ExactMatch
 from router import kappa
 from router.calibration import BytesPerToken
 from router.decide import decide
@@ -66,6 +70,7 @@ class RoutableRequest:
         prompt_bytes: length of its canonical prompt bytes (tokens ≈ bytes / bytes-per-token).
         max_tokens: tokens it may generate per sequence (its KV grows by as much).
         sequences: output sequences (OpenAI's ``n``, ≥ 1): each holds its own output KV.
+        prompt_tokens: its prompt's token count when known (token ids), else None (estimated from bytes).
     """
 
     model: str
@@ -73,6 +78,7 @@ class RoutableRequest:
     prompt_bytes: int
     max_tokens: int
     sequences: int = field(default=1, kw_only=True)
+    prompt_tokens: int | None = field(default=None, kw_only=True)  # exact, when its token ids are known
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +193,7 @@ class Dispatcher:
 
     # -- deciding ------------------------------------------------------------------------
     async def plan(self, request: RoutableRequest, targets: Sequence[Target], *, dry_run: bool = False,
-                   split: bool = True) -> Plan:
+                   split: bool = True, exact: Mapping[str, ExactMatch] | None = None) -> Plan:
         """Rank ``targets`` (healthy, serving ``request.model``, non-empty) for ``request``.
 
         On a P/D fleet (`pd`) the decision may split the request (`router.types.Decision.prefill`)
@@ -196,7 +202,8 @@ class Dispatcher:
 
         ``dry_run`` (the explain endpoint) decides on copies of the policy and the random
         generator, so explaining a request leaves the next real decision as it would have
-        been (round-robin's turn, tie-breaks), and is not timed.
+        been (round-robin's turn, tie-breaks), and is not timed. ``exact``: the event-fed index's matches
+        for the backends in sync, used in place of the index's for them (`dispatch.exact`).
 
         Raises:
             router.errors.NoEligibleBackend: ``targets`` is empty.
@@ -212,13 +219,15 @@ class Dispatcher:
             (matches, index_ok), _ = await self.gather(self._match(request, lookup), self._peer_read())
         else:
             matches, index_ok = await self._match(request, lookup)
+        if exact:
+            matches = with_exact(matches, exact, self.tokens_per_block(model))
         matches = self.pending.overlay(model, request.hashes, matches, lookup)
         if kv_pool is not None:
             matches = with_kv_pool(matches, capacities)
         tokens_per_block = self.tokens_per_block(model)
         features = RequestFeatures(
             model=model,
-            prompt_tokens=max(round(request.prompt_bytes / self.calibration.get(model)), 1),
+            prompt_tokens=request.prompt_tokens or max(round(request.prompt_bytes / self.calibration.get(model)), 1),
             max_tokens=request.max_tokens,
             prompt_blocks=len(request.hashes),
             block_size_tokens=tokens_per_block,

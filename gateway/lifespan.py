@@ -5,7 +5,9 @@ and what `gateway.app.create_app` passes down (catalog, telemetry, clock), so no
 reads a file or the environment of its own. Redis is used when the config's ``index.backend``
 is ``redis`` (``KAPPA_REDIS_URL`` sets it; one server, a Cluster or a Sentinel set, by the URL's
 scheme: `prefix_index.redis_connect`), behind a circuit breaker (`prefix_index.breaker`) whose
-state the ``gateway_index_degraded`` gauge reads; otherwise the embedded in-memory index.
+state the ``gateway_index_degraded`` gauge reads; otherwise the embedded in-memory index. The KV-event
+subscribers (`gateway.backends.kv_events_fleet`, issue 30) start after the backend set and stop before
+it, feeding the exact index (`make_engine_index`), closed after them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import hot_path
 
 from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
+from gateway.backends.kv_events_fleet import KvEventsFleet
 from gateway.backends.rotation import unhealthy_reason
 from gateway.replicas.peer_load import PeerLoad
 from gateway.routing import RoutingService
@@ -32,6 +35,9 @@ from gateway.state import GatewayState
 from gateway.telemetry.metrics import REFRESH_INTERVAL_S, Telemetry
 from gateway.upstream.request import make_session
 from prefix_index import BreakerIndex, CircuitBreaker, MemoryPrefixIndex, PrefixIndex, PrefixIndexError
+from prefix_index.engine_index import EngineIndex
+from prefix_index.engine_memory import MemoryEngineIndex
+from prefix_index.engine_redis import RedisEngineIndex
 from prefix_index.redis_connect import RedisConnection, connect, redact_url
 from prefix_index.redis_index import RedisPrefixIndex
 from router.calibration import BytesPerToken
@@ -52,6 +58,28 @@ def make_index(settings: Settings, telemetry: Telemetry, clock: Callable[[], flo
         telemetry.gauge_function(telemetry.index_degraded, lambda: 1.0 if breaker.degraded else 0.0)
         return BreakerIndex(redis_index, breaker, clock)
     return MemoryPrefixIndex()
+
+
+def make_engine_index(settings: Settings) -> EngineIndex:
+    """The exact, event-fed index (issue 30): in Redis beside the approximate one when that is in Redis and
+    some backend publishes KV events (shared by the replicas, each batch applied once), else in memory."""
+    cfg = settings.index
+    if cfg.backend == "redis" and any(b.kv_events is not None for b in settings.backends):
+        assert cfg.redis_url is not None  # validated by IndexSection
+        return RedisEngineIndex.from_url(cfg.redis_url, key_prefix=cfg.key_prefix, timeout_s=cfg.timeout_s,
+                                         key_ttl_s=cfg.key_ttl_s)
+    return MemoryEngineIndex()
+
+
+def open_kv_events(settings: Settings, states: list[BackendState], telemetry: Telemetry,
+                   stack: AsyncExitStack) -> KvEventsFleet:
+    """The exact index (closed by ``stack``) and the KV-event subscribers feeding it, not started; a backend's
+    restart time for them is its last scrape's ``process_start_time_seconds``."""
+    engine_index = make_engine_index(settings)
+    stack.push_async_callback(engine_index.aclose)
+    by_id = {s.id: s for s in states}
+    return KvEventsFleet(settings.backends, engine_index, telemetry.kv_events,
+                         start_time_of=lambda backend_id: by_id[backend_id].metrics.process_start_time_s)
 
 
 async def _refresh_gauges(telemetry: Telemetry) -> None:
@@ -119,10 +147,12 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
             await _check_redis(settings, index)
         states = [BackendState.of(b, settings.backend_spec(catalog, b)) for b in settings.backends]
         routing: RoutingService | None = None
+        kv_events = open_kv_events(settings, states, telemetry, stack)
 
         async def forget(backend_id: str) -> None:
             if routing is not None:
                 await routing.forget(backend_id)
+            kv_events.engine_restarted(backend_id)
 
         backends = BackendSet(states, probe_session, telemetry, on_restart=forget,
                               health_interval_s=g.health_interval_s, scrape_interval_s=g.scrape_interval_s,
@@ -134,9 +164,12 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         routing = RoutingService(settings, backends, index, policy,
                                  telemetry, BytesPerToken(default=settings.index.bytes_per_token),
                                  random.Random(settings.routing.seed), clock)
-        state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock)
+        routing.kv_events = kv_events
+        state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock, kv_events=kv_events)
         await backends.start()
         stack.push_async_callback(backends.stop)
+        kv_events.start()
+        stack.push_async_callback(kv_events.stop)
         if telemetry.multiprocess:  # serve --workers: each worker writes its callback gauges for the others' scrapes
             refresher = asyncio.create_task(_refresh_gauges(telemetry), name="gateway-metrics-refresh")
             stack.push_async_callback(_cancel, refresher)

@@ -44,6 +44,7 @@ from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.backends.index_truth import IndexTruth
+from gateway.backends.kv_events_fleet import KvEventsFleet, TokenIdsOf, request_token_ids
 from gateway.backends.pd_links import PdLinks
 from gateway.telemetry.metrics import Telemetry
 from gateway.telemetry.outage import OutageLog
@@ -112,6 +113,8 @@ class ParsedRequest(RoutableRequest):
     invalidation: PendingFinding | None = None
     splittable: bool = True
     client_kv_transfer: bool = False
+    token_ids: tuple[int, ...] | None = None  # for the event-fed index (`request_token_ids`), when known
+    cache_salt: str | None = None
 
 
 RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
@@ -147,6 +150,10 @@ class RoutingService:
         if settings.disaggregated:  # P/D: roles and links; the links' check keeps the unusable set
             self._setup_pd(settings)
         self.index_truth = IndexTruth(self.dispatcher, backends, telemetry, clock, kv_pool=kv_pool_bytes is not None)
+        # Issue 30: the KV-event subscribers and exact index (set by the lifespan), and the engines'
+        # tokenizer (None: only token-id prompts route exactly; `request_token_ids`).
+        self.kv_events: KvEventsFleet | None = None
+        self.tokenize: TokenIdsOf | None = None
         # The index's outages: one "unavailable" line, one "reachable again" (gateway_index_errors_total
         # counts every failure).
         self._index_outage = OutageLog(
@@ -233,8 +240,11 @@ class RoutingService:
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
+        ids = None if self.kv_events is None or not self.kv_events.any_exact(model) else \
+            request_token_ids(model, body, kind == "chat", self.tokenize)
         return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
-                             stream=bool(stream), sequences=sequences,
+                             stream=bool(stream), sequences=sequences, token_ids=ids, cache_salt=cache_salt(body),
+                             prompt_tokens=None if ids is None else len(ids),
                              invalidation=PendingFinding(data, seed) if kind == "chat" else None,
                              splittable=sequences == 1 and body.get("kv_transfer_params") is None,
                              client_kv_transfer=body.get("kv_transfer_params") is not None)
@@ -268,7 +278,11 @@ class RoutingService:
             raise NoHealthyBackend(f"No healthy backend is serving `{parsed.model}` right now.")
         if parsed.load_only_reason is not None and not dry_run:
             self._load_only[parsed.load_only_reason].inc()
-        return await self.dispatcher.plan(parsed, targets, dry_run=dry_run, split=parsed.splittable)
+        exact = None
+        if parsed.token_ids is not None and self.kv_events is not None:  # the exact index, for backends in sync
+            exact = await self.kv_events.exact_matches(parsed.model, parsed.token_ids, [t.id for t in targets],
+                                                       cache_salt=parsed.cache_salt)
+        return await self.dispatcher.plan(parsed, targets, dry_run=dry_run, split=parsed.splittable, exact=exact)
 
     def invalidation(self, parsed: ParsedRequest, *, dry_run: bool = False) -> Finding | None:
         """The request's prefix-invalidation finding at the model's calibrated bytes/token, counted

@@ -18,6 +18,7 @@ from gateway.edge.access_log import AccessLog
 from gateway.edge.admission import Admission
 from gateway.edge.auth import KeyCheck
 from gateway.backends.backend_set import BackendSet
+from gateway.backends.kv_events_fleet import KvEventsFleet
 from gateway.replicas.peer_load import PeerLoad
 from gateway.routing import RoutingService
 from fleet_config.settings import Settings
@@ -38,6 +39,7 @@ class GatewayState:
     backends: BackendSet
     routing: RoutingService
     clock: Callable[[], float] = time.perf_counter
+    kv_events: KvEventsFleet | None = field(default=None, kw_only=True)  # KV-event subscribers, exact index (issue 30)
     keys: KeyCheck = field(init=False)
     admission: Admission = field(init=False)
     access_log: AccessLog = field(init=False)

@@ -46,7 +46,11 @@ EDGE_MAY_NOT_IMPORT = ("gateway.commands",)
 SUB_ROOMS = {"gateway": ["gateway/commands", "gateway/__main__.py"]}  # the command room (and `python -m gateway`, its entry)
 # Only the Redis implementation's modules of prefix_index may import redis.
 REDIS_ALLOWED = {"prefix_index/redis_index.py", "prefix_index/redis_batch.py", "prefix_index/redis_registry.py",
-                 "prefix_index/redis_connect.py", "prefix_index/redis_errors.py"}
+                 "prefix_index/redis_connect.py", "prefix_index/redis_errors.py",
+                 "prefix_index/engine_redis.py"}  # issue 30: the exact (event-fed) index in Redis
+# Only the KV-event decoder may import msgpack (issue 30): vLLM's events are msgpack on the wire, and
+# one module turns their bytes into our typed events (prefix_index/engine_events.py), pure, no I/O.
+MSGPACK_ALLOWED = {"prefix_index/engine_events.py"}
 # Rooms that read no clock: time comes in as an argument (an injected clock at most).
 NO_CLOCK = ("router", "dispatch")
 
@@ -97,12 +101,13 @@ def test_package_imports_only_what_design_allows(package: str) -> None:
 
 def test_prefix_index_imports_only_stdlib_and_xxhash() -> None:
     """STYLE.md B2 as an allow-list: stdlib, xxhash, hot_path (which of its modules run compiled);
-    redis only in the Redis implementation's modules."""
+    redis only in the Redis implementation's modules, msgpack only in the KV-event decoder."""
     allowed = set(sys.stdlib_module_names) | {"xxhash", "prefix_index", "hot_path"}
     violations = []
     for path in python_files("prefix_index"):
         rel = path.relative_to(ROOT).as_posix()
-        extra = imported_top_levels(path) - allowed - ({"redis"} if rel in REDIS_ALLOWED else set())
+        extra = (imported_top_levels(path) - allowed - ({"redis"} if rel in REDIS_ALLOWED else set())
+                 - ({"msgpack"} if rel in MSGPACK_ALLOWED else set()))
         if extra:
             violations.append(f"{rel} imports {sorted(extra)}")
     assert not violations, "\n".join(violations)

@@ -96,6 +96,12 @@ def kappa_crit_reference(spec: BackendSpec) -> dict[str, dict[str, float | None]
             "kv_pool": {str(t): at(t, kv_pool=t) for t in ts} if spec.kv_pool_link_bytes_per_s else None}
 
 
+def _kv_events(gw: State, backend_id: str) -> dict[str, Any] | None:
+    """A backend's KV-event mode (exact, degraded, approximate) and why, its stream position, the exact
+    index's blocks by tier and its batches by outcome (`gateway.backends.kv_events_fleet.KvEventsFleet.view`)."""
+    return None if gw.kv_events is None else gw.kv_events.view(backend_id)
+
+
 @kappa_routes.get("/backends")
 async def backends(gw: State) -> dict:
     """Per backend: health, κ figures, load, KV demand and capacity, indexed blocks; per model,
@@ -117,7 +123,7 @@ async def backends(gw: State) -> dict:
     P/D (issue 26): each backend's ``kv_role`` and ``node``; ``pd_links`` (null on an aggregated fleet), one
     entry per link from a backend that prefills to one that decodes: its configured figures, ``state``
     (healthy, degraded, broken: `gateway.backends.pd_links`), why, whether a probe is under way, and the
-    bandwidth it was measured to deliver."""
+    bandwidth it was measured to deliver. ``kv_events``: its KV-event mode and exact index (`_kv_events`)."""
     try:
         index_blocks: dict[str, int] | None = (await gw.index.stats()).blocks_by_backend
     except PrefixIndexError:
@@ -128,7 +134,7 @@ async def backends(gw: State) -> dict:
         out.append({
             "id": s.id, "url": s.entry.url, "model": s.entry.model, "hardware": s.entry.hardware,
             "labels": s.entry.labels, "kv_role": s.entry.kv_role, "node": s.entry.node,
-            "healthy": s.healthy, **gw.backends.rotation.view(s),
+            "healthy": s.healthy, **gw.backends.rotation.view(s), "kv_events": _kv_events(gw, s.id),
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
             "kappa_crit_linear": spec.kappa_crit_linear, **measured_fields(s.kappa_fit),
             "kappa_crit_reference": kappa_crit_reference(spec),

@@ -45,6 +45,7 @@ app factory reads from ``PROMETHEUS_MULTIPROC_DIR``; nothing here reads the envi
 | ``gateway_peer_sync_errors_total`` | counter | |
 | ``gateway_admin_unauthorized_total`` | counter | (admin routes refused for a missing or wrong key) |
 | ``gateway_load_only_requests_total`` | counter | reason = nesting_too_deep (body relayed without prefix hashes) |
+| ``gateway_kv_events_mode``, ``gateway_kv_events_batches_total``, ``gateway_kv_events_exact_blocks`` | see `gateway.telemetry.kv_events` | backend, ... |
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from gateway.telemetry import metric_values
+from gateway.telemetry.kv_events import KvEventsTelemetry
 from gateway.telemetry.pd import PdTelemetry
 from router.kappa import Regime
 from router.kappa_fit import KappaCritMeasurement
@@ -106,6 +108,7 @@ class Telemetry:
         self._declare_index_metrics(registry)
         self._declare_edge_metrics(registry)
         self.pd = PdTelemetry(registry)  # P/D disaggregation (gateway.telemetry.pd)
+        self.kv_events = KvEventsTelemetry(registry)  # the KV-event subscribers (gateway.telemetry.kv_events)
         self._backends: dict[str, BackendSeries] = {}
         self._functions: list[tuple[Gauge, Callable[[], float]]] = []
         self._outcomes: dict[tuple[str, str, str, str, str], object] = {}
