@@ -44,7 +44,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from fleet_config.edge import EdgeSettings
 from fleet_config.errors import ConfigError
 from fleet_config.interconnect import InterconnectSection, KvRole
-from fleet_config.kv_events import KvEventsEntry
+from fleet_config.kv_events import KvEventsEntry, resolve_tokenizer_dir
 from fleet_config.sections import (
     IndexSection,
     KvPoolSection,
@@ -360,7 +360,25 @@ def load_settings(path: Path, catalog: Catalog, env: Mapping[str, str] | None = 
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_settings(doc or {}, catalog, env)
+    return _with_tokenizer_paths(parse_settings(doc or {}, catalog, env), Path(path).parent)
+
+
+def _with_tokenizer_paths(settings: Settings, config_dir: Path) -> Settings:
+    """``settings`` with each ``models.<m>.tokenizer`` made absolute: a relative one is taken from the
+    config file's directory, then the working directory (`fleet_config.kv_events.resolve_tokenizer_dir`).
+
+    Raises:
+        ConfigError: a tokenizer directory without a ``tokenizer.json``, named by its key.
+    """
+    models = dict(settings.models)
+    for name, entry in settings.models.items():
+        if entry.tokenizer is not None:
+            try:
+                resolved = resolve_tokenizer_dir(entry.tokenizer, config_dir)
+            except ValueError as exc:
+                raise ConfigError(f"models.{name}.tokenizer: {exc}") from None
+            models[name] = entry.model_copy(update={"tokenizer": str(resolved)})
+    return settings if models == settings.models else settings.model_copy(update={"models": models})
 
 
 __all__ = ["POLICY_NAMES", "BackendEntry", "Settings", "load_settings", "parse_settings"]

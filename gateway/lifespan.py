@@ -26,6 +26,7 @@ import hot_path
 
 from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
+from gateway.backends.engine_tokens import load_model_tokenizers, tokenize_with
 from gateway.backends.kv_events_fleet import KvEventsFleet
 from gateway.backends.rotation import unhealthy_reason
 from gateway.replicas.peer_load import PeerLoad
@@ -164,7 +165,7 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         routing = RoutingService(settings, backends, index, policy,
                                  telemetry, BytesPerToken(default=settings.index.bytes_per_token),
                                  random.Random(settings.routing.seed), clock)
-        routing.kv_events = kv_events
+        routing.kv_events, routing.tokenize = kv_events, tokenize_with(load_model_tokenizers(settings))
         state = GatewayState(settings, catalog, telemetry, session, index, backends, routing, clock, kv_events=kv_events)
         await backends.start()
         stack.push_async_callback(backends.stop)

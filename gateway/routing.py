@@ -29,6 +29,7 @@ A chat body's canonical bytes are also kept, in a `gateway.invalidation.PendingF
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -44,6 +45,7 @@ from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.backends.index_truth import IndexTruth
+from gateway.backends.engine_tokens import INLINE_MAX_BYTES
 from gateway.backends.kv_events_fleet import KvEventsFleet, TokenIdsOf, request_token_ids
 from gateway.backends.pd_links import PdLinks
 from gateway.telemetry.metrics import Telemetry
@@ -115,6 +117,8 @@ class ParsedRequest(RoutableRequest):
     client_kv_transfer: bool = False
     token_ids: tuple[int, ...] | None = None  # for the event-fed index (`request_token_ids`), when known
     cache_salt: str | None = None
+    # A long prompt's body, until `RoutingService.plan` has its token ids (encoded in a worker thread).
+    tokenize_body: dict[str, Any] | None = None
 
 
 RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
@@ -240,9 +244,13 @@ class RoutingService:
         except CanonicalizationError as exc:
             raise BadRequest(str(exc), param=field) from None
         hashes = block_hashes(data, block_size_bytes=self.block_bytes, seed=seed)
-        ids = None if self.kv_events is None or not self.kv_events.any_exact(model) else \
-            request_token_ids(model, body, kind == "chat", self.tokenize)
-        return ParsedRequest(model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
+        ids, deferred = None, None
+        if self.kv_events is not None and self.kv_events.any_exact(model):
+            if len(data) <= INLINE_MAX_BYTES or self.tokenize is None:
+                ids = request_token_ids(model, body, kind == "chat", self.tokenize)
+            else:  # a long prompt: encoded off the event loop, in `plan` (gateway.backends.engine_tokens)
+                deferred = body
+        return ParsedRequest(tokenize_body=deferred, model=model, hashes=hashes, prompt_bytes=len(data), max_tokens=max_tokens, kind=kind,
                              stream=bool(stream), sequences=sequences, token_ids=ids, cache_salt=cache_salt(body),
                              prompt_tokens=None if ids is None else len(ids),
                              invalidation=PendingFinding(data, seed) if kind == "chat" else None,
@@ -266,7 +274,9 @@ class RoutingService:
         """Rank the healthy backends serving the request's model (`dispatch.Dispatcher.plan`).
 
         A load-only request (``parsed.load_only_reason``) is counted in
-        ``gateway_load_only_requests_total`` unless ``dry_run``.
+        ``gateway_load_only_requests_total`` unless ``dry_run``. A long prompt whose token ids the
+        exact index wants (``parsed.tokenize_body``) is encoded here, in a worker thread; the plan's
+        ``request`` is then ``parsed`` with its ``token_ids``.
 
         Raises:
             NoHealthyBackend: no healthy backend serves the model (the gateway's one 503 for
@@ -278,6 +288,11 @@ class RoutingService:
             raise NoHealthyBackend(f"No healthy backend is serving `{parsed.model}` right now.")
         if parsed.load_only_reason is not None and not dry_run:
             self._load_only[parsed.load_only_reason].inc()
+        if parsed.tokenize_body is not None:  # a long prompt's token ids, encoded off the event loop
+            ids = await asyncio.to_thread(request_token_ids, parsed.model, parsed.tokenize_body, parsed.kind == "chat",
+                                          self.tokenize)
+            parsed = dataclasses.replace(parsed, token_ids=ids, prompt_tokens=None if ids is None else len(ids),
+                                         tokenize_body=None)
         exact = None
         if parsed.token_ids is not None and self.kv_events is not None:  # the exact index, for backends in sync
             exact = await self.kv_events.exact_matches(parsed.model, parsed.token_ids, [t.id for t in targets],

@@ -315,11 +315,10 @@ def create_app(engine: MockEngine, *, served_model_name: str, time_scale: float 
     app.state.engine = engine  # for tests and tools holding the app (only the driver steps it)
     app.state.pd = connector
     app.state.kv_events = events
-    app.include_router(routes)
-    app.include_router(pd_routes)
-    app.include_router(kv_event_routes)
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    for router in (routes, pd_routes, kv_event_routes):
+        app.include_router(router)
+    for error, handler in ((ApiError, _api_error), (RequestValidationError, _invalid_request),
+                           (StarletteHTTPException, _http_error)):
+        app.add_exception_handler(error, handler)  # type: ignore[arg-type]
     app.add_middleware(EchoRequestId)
     return app

@@ -3,8 +3,11 @@
 Protocol (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._service_replay``): the client
 sends the first sequence number it wants as 8 bytes big-endian, behind an empty delimiter frame
 (the ROUTER sees ``[identity, b"", start_seq]``); the engine answers with every buffered batch
-from that number on, one message ``[b"", seq (8 bytes BE), payload]`` each, in order, then the
-end marker ``[b"", (-1 as 8 signed bytes), b""]``. A REQ socket accepts one reply only, so the
+from that number on, one message each, in order, then an end marker whose seq is -1 (8 signed
+bytes). Two reply shapes are in use, and both are read: vLLM before its topic frame on replies
+sends ``[b"", seq, payload]`` and ``[b"", END, b""]``; current vLLM (and the mock) sends
+``[b"", topic, seq, payload]`` and ``[b"", b"", END, b""]``. The last two frames are always seq
+and payload. A REQ socket accepts one reply only, so the
 client is a DEALER that sends the delimiter itself. vLLM keeps the last ``buffer_steps`` batches
 (10,000 by default): a start older than that is answered from the oldest it still has.
 """
@@ -54,17 +57,18 @@ async def replay(context: zmq.asyncio.Context, endpoint: str, from_seq: int, *,
                 frames = await asyncio.wait_for(dealer.recv_multipart(), timeout_s)
             except TimeoutError:
                 raise ReplayFailed(f"no replay answer from {endpoint} within {timeout_s:g} s") from None
-            if len(frames) != 3 or frames[0]:
-                raise ReplayFailed(f"replay answer of {len(frames)} frames from {endpoint}, expected 3")
+            if len(frames) not in (3, 4) or frames[0]:
+                raise ReplayFailed(f"replay answer of {len(frames)} frames from {endpoint}, expected "
+                                   "[b'', seq, payload] or [b'', topic, seq, payload]")
             try:
-                seq = decode_seq(frames[1])
+                seq = decode_seq(frames[-2])
             except MalformedEvents as exc:
                 raise ReplayFailed(f"replay answer from {endpoint}: {exc}") from None
             if seq == REPLAY_END_SEQ:
                 return out
             if out and seq <= out[-1][0]:
                 raise ReplayFailed(f"replay from {endpoint} went back from seq {out[-1][0]} to {seq}")
-            out.append((seq, frames[2]))
+            out.append((seq, frames[-1]))
     except zmq.ZMQError as exc:
         raise ReplayFailed(f"replay from {endpoint} failed: {exc}") from exc
     finally:

@@ -68,6 +68,17 @@ def _kv_events(json_text: str | None, entry: BackendEntry, encoding: EventEncodi
     return kv_events_config(entry, encoding=encoding.value, python_hash_seed=seed)
 
 
+TokenizerOption = Annotated[str | None, typer.Option(
+    "--tokenizer", help="the model's tokenizer directory (tokenizer.json, tokenizer_config.json): prompts are "
+    "tokenised as vLLM would (default: the config's models.<m>.tokenizer, else the mock's own)")]
+KvEventsConfigOption = Annotated[str | None, typer.Option(
+    "--kv-events-config", help="vLLM's KV-events JSON, e.g. '{\"enable_kv_cache_events\": true, "
+    "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
+    "(default: the backend's kv_events with --config)")]
+KvRoleOption = Annotated[str | None, typer.Option(
+    "--kv-role", help="P/D role: prefill, decode or both (default: the backend's kv_role with --config, else both)")]
+
+
 @app.command("mock-vllm")
 def mock_vllm(
     model: Annotated[str, typer.Option("--model", "-m", help="catalog model name")] = "llama-3.1-8b",
@@ -96,17 +107,11 @@ def mock_vllm(
         "--config", "-c", help="serve a backend of this fleet config instead (with --backend)")] = None,
     backend_id: Annotated[str | None, typer.Option("--backend", help="the backend id in --config to impersonate")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level; 'warning' drops access logs")] = "info",
-    kv_role: Annotated[str | None, typer.Option(
-        "--kv-role", help="P/D role: prefill, decode or both (default: the backend's kv_role with --config, else both)")] = None,
-    tokenizer: Annotated[str | None, typer.Option(
-        "--tokenizer", help="the model's tokenizer directory (tokenizer.json, tokenizer_config.json): prompts are "
-        "tokenised as vLLM would (default: the config's models.<m>.tokenizer, else the mock's own)")] = None,
+    kv_role: KvRoleOption = None,
+    tokenizer: TokenizerOption = None,
     kv_load_failure_policy: KvLoadFailurePolicy = KV_LOAD_FAILURE_POLICY_DEFAULT,
     kv_abort_request_timeout_s: KvAbortTimeout = KV_ABORT_REQUEST_TIMEOUT_S_DEFAULT,
-    kv_events_config: Annotated[str | None, typer.Option(
-        "--kv-events-config", help="vLLM's KV-events JSON, e.g. '{\"enable_kv_cache_events\": true, "
-        "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
-        "(default: the backend's kv_events with --config)")] = None,
+    kv_events_config: KvEventsConfigOption = None,
     kv_events_encoding: KvEventsEncoding = EventEncoding.map,
 ) -> None:
     """Serve a vLLM-compatible mock backend whose timing models MODEL on HARDWARE (or a config's backend)."""

@@ -142,6 +142,7 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
     raw = await read_body(request, gw.settings.gateway.max_body_bytes, slot)
     parsed = gw.routing.parse(kind, raw)
     plan = await gw.routing.plan(parsed)
+    parsed = plan.request  # type: ignore[assignment]  # the same request, with token ids a long prompt got in `plan`
     if parsed.invalidation is not None:  # a chat body: counted once on its way upstream (gateway.invalidation)
         asyncio.get_running_loop().call_soon(gw.routing.invalidation, parsed)
     client = request.client
