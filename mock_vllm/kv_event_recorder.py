@@ -98,6 +98,12 @@ class KVEventRecorder:
         for run in runs:
             self.gpu_stored(chain, mock_hashes, run[0], run[-1] + 1)
 
+    def external_hash(self, mock_hash: int) -> int | None:
+        """The hash vLLM would publish for a block the engine holds (its digest's low 64 bits), or None when
+        no event has named it (cached before the recorder was attached, or a recorder bug)."""
+        digest = self._digest_of.get(mock_hash)
+        return None if digest is None else external_block_hash(digest)
+
     def take(self) -> list[KVEvent]:
         """The events since the last call, oldest first (the next batch)."""
         events, self._pending = self._pending, []
