@@ -7,6 +7,7 @@ batches swapped — ends with the gateway's exact index holding exactly the engi
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -88,3 +89,17 @@ def test_swapped_batches_leave_the_index_exact(rig: Rig) -> None:
     after = kv_view(rig.gw, "b0")["batches"]
     assert after["gap"] - before["gap"] == 5 and after["duplicate"] - before["duplicate"] == 5
     assert rig.traffic.failed == 0
+
+
+def test_the_same_prompt_twice_at_once_is_one_block_in_the_index(rig: Rig) -> None:
+    """Two requests computing the same blocks in one step: the mock keeps one copy of each (it
+    de-duplicates on sealing), so it must announce one store, or the index keeps a second copy that no
+    removal ever takes away."""
+    warm(rig)
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(10):
+            tokens = rig.prompts.next()
+            list(pool.map(rig.mock.complete, [tokens, tokens]))
+    for _ in range(30):  # evicts the doubled blocks from HBM and the host tier
+        rig.mock.complete(rig.prompts.next())
+    assert_index_is_engine(rig.gw, rig.mock.http, "b0")
