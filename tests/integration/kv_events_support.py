@@ -78,16 +78,16 @@ def event_mock(*, gpu_blocks: int = 24, host_blocks: int = 8, buffer_steps: int 
 
 class Prompts:
     """Token-id prompts that each complete at least one new block (so each request is one batch): one of
-    six shared prefixes of 0-2 blocks, then 16-24 tokens of their own. Seeded: a run is repeatable."""
+    six shared prefixes of 0-2 blocks, then 16-24 random tokens of their own (two requests share a first
+    own block with odds ~1e-60). Ids in [16, 16000): inside the shipped tokenizer's vocabulary, past its
+    special tokens. Seeded: a run is repeatable."""
 
     def __init__(self, seed: int) -> None:
         self._rng = random.Random(seed)
-        self._prefixes = [[self._rng.randrange(10, 30_000) for _ in range(BLOCK * (i % 3))] for i in range(6)]
-        self._next_id = 30_000
+        self._prefixes = [[self._rng.randrange(16, 16_000) for _ in range(BLOCK * (i % 3))] for i in range(6)]
 
     def next(self) -> list[int]:
-        tail = list(range(self._next_id, self._next_id + self._rng.randrange(BLOCK, BLOCK + 9)))
-        self._next_id += len(tail)
+        tail = [self._rng.randrange(16, 16_000) for _ in range(self._rng.randrange(BLOCK, BLOCK + 9))]
         return self._rng.choice(self._prefixes) + tail
 
 
