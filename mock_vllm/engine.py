@@ -263,7 +263,7 @@ class MockEngine:
             return None  # KV is short: the request waits, and the cache is left as it was
         loaded = self.cache.acquire_cached(hit)
         if self.kv_events is not None and loaded:  # host-tier and pool blocks are cached in HBM now
-            self.kv_events.gpu_loaded(req.event_chain, req.hashes, loaded)
+            self.kv_events.gpu_cached(req.event_chain, req.hashes, loaded)
         self.cache.allocate_anonymous(need)
         req.held_hashes = list(hit)
         req.computed = computed
@@ -377,12 +377,14 @@ class MockEngine:
         first = computed_before // self.block_size
         last = min(req.computed, req.prompt_len) // self.block_size
         start, stop = max(first, len(req.held_hashes)), min(last, len(req.hashes))
+        newly_cached = []
         for i in range(start, stop):
-            self.cache.seal(req.hashes[i])
+            if self.cache.seal(req.hashes[i]):  # False: another request cached it meanwhile (one copy kept)
+                newly_cached.append(i)
             req.held_hashes.append(req.hashes[i])
             req.anonymous_blocks -= 1
-        if self.kv_events is not None:
-            self.kv_events.gpu_stored(req.event_chain, req.hashes, start, stop)
+        if self.kv_events is not None:  # announced once per copy the cache keeps, so each eviction removes it
+            self.kv_events.gpu_cached(req.event_chain, req.hashes, newly_cached)
 
     def _refresh_gauges(self) -> None:
         self.stats.num_requests_running = len(self._running)

@@ -175,6 +175,12 @@ class PagedKVCache:
                 break
         return hbm, host, kv_pool
 
+    def resident_hashes(self) -> tuple[list[int], list[int]]:
+        """The cached blocks now resident: (HBM, host tier), each a list of block hashes (the mock's space),
+        HBM in no particular order, the host tier least recently used first. Referenced and evictable HBM
+        blocks alike; anonymous blocks (partial or generated tokens) have no hash and are not listed."""
+        return list(self._refs), list(self._host)
+
     def blocks_needed_to_admit(self, hashes: Sequence[int]) -> int:
         """Free blocks that referencing ``hashes`` (a prefix found by `match`) would use up.
 

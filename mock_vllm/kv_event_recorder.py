@@ -12,8 +12,11 @@ When vLLM emits what (``vllm/v1/core/block_pool.py``, the ``OffloadingConnector`
   their tokens and per-block extra keys. The mock: prompt blocks a prefill chunk completes, prompt
   blocks a P/D decode pulled, and prefix blocks loaded back into HBM from the host tier or the
   shared pool (vLLM caches externally loaded tokens' blocks the same way), one event per
-  contiguous run. A block already cached by another request is announced again, as vLLM caches
-  (and announces) each physical copy. vLLM also caches full blocks of *generated* tokens; the
+  contiguous run. vLLM keeps (announces, and later removes) each physical copy when two requests
+  compute the same block at once; the mock keeps one copy (``PagedKVCache.seal`` de-duplicates),
+  so it announces a block only when it becomes cached, and its one eviction is its one removal
+  (announcing the second copy too left the subscriber a copy no event ever removed). vLLM also
+  caches full blocks of *generated* tokens; the
   mock does not cache generated tokens (they stay anonymous blocks), so it emits nothing for them.
 * ``BlockRemoved`` GPU: one per cached block evicted from HBM (``_maybe_evict_cached_block``).
 * ``BlockStored`` / ``BlockRemoved`` CPU: the offloading connector's placeholder events when a
@@ -87,8 +90,9 @@ class KVEventRecorder:
             extra_keys=[block_extra_keys(i, chain.cache_salt) for i in range(start, stop)], group_idx=GROUP_IDX,
             kv_cache_spec_kind=FULL_ATTENTION))
 
-    def gpu_loaded(self, chain: BlockChain, mock_hashes: Sequence[int], indexes: Sequence[int]) -> None:
-        """Blocks at ``indexes`` (ascending) of a request were loaded into HBM: one event per contiguous run."""
+    def gpu_cached(self, chain: BlockChain, mock_hashes: Sequence[int], indexes: Sequence[int]) -> None:
+        """Blocks at ``indexes`` (ascending) of a request became cached in HBM (sealed by it, or loaded from the
+        host tier or the pool): one ``BlockStored`` GPU event per contiguous run."""
         runs: list[list[int]] = []
         for i in indexes:
             if runs and i == runs[-1][-1] + 1:
@@ -97,6 +101,12 @@ class KVEventRecorder:
                 runs.append([i])
         for run in runs:
             self.gpu_stored(chain, mock_hashes, run[0], run[-1] + 1)
+
+    def external_hash(self, mock_hash: int) -> int | None:
+        """The hash vLLM would publish for a block the engine holds (its digest's low 64 bits), or None when
+        no event has named it (cached before the recorder was attached, or a recorder bug)."""
+        digest = self._digest_of.get(mock_hash)
+        return None if digest is None else external_block_hash(digest)
 
     def take(self) -> list[KVEvent]:
         """The events since the last call, oldest first (the next batch)."""

@@ -9,6 +9,10 @@
 * ``DELETE /kappa/faults/kv_events``: no pending drops or reordering (a held batch is sent), and the
   publisher running again. Answers the state.
 
+* ``GET /kappa/kv_events/blocks``: the engine's resident cached blocks by the hashes its events use
+  (`EngineKvEvents.resident_blocks`) and the publisher's ``next_seq``, read in one step of the loop, so
+  a test can check a subscriber's index against the engine's own cache by value.
+
 Every route answers 404 (vLLM's error body) when the mock publishes no KV events.
 """
 
@@ -19,10 +23,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from mock_vllm.kv_events import ZmqEventPublisher
+from mock_vllm.kv_events import EngineKvEvents, ZmqEventPublisher
 from mock_vllm.openai_api import ApiError
 
 PATH = "/kappa/faults/kv_events"
+BLOCKS_PATH = "/kappa/kv_events/blocks"
 routes = APIRouter()
 
 
@@ -34,11 +39,21 @@ class KvEventsFault(BaseModel):
     publisher: Literal["stop", "start"] | None = None
 
 
-def _publisher(request: Request) -> ZmqEventPublisher:
+def _events(request: Request) -> EngineKvEvents:
     events = request.state.mock.kv_events
     if events is None:
         raise ApiError(404, "This server publishes no KV events (start it with --kv-events-config).")
-    return events.publisher
+    return events
+
+
+def _publisher(request: Request) -> ZmqEventPublisher:
+    return _events(request).publisher
+
+
+@routes.get(BLOCKS_PATH)
+async def resident_blocks(request: Request) -> dict[str, Any]:
+    events = _events(request)
+    return {**events.resident_blocks(), "next_seq": events.publisher.state()["next_seq"]}
 
 
 @routes.get(PATH)

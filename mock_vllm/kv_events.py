@@ -286,8 +286,23 @@ class EngineKvEvents:
         self.recorder = KVEventRecorder(engine.block_size, config.python_hash_seed)
         engine.enable_kv_events(self.recorder)
         self.publisher = ZmqEventPublisher(config)
+        self._cache = engine.cache
 
     def flush(self) -> None:
         """Publish what the engine recorded since the last flush as one batch (after each step, and
         after a cache reset, so that ``AllBlocksCleared`` goes out at once even when the engine is idle)."""
         self.publisher.publish(self.recorder.take())
+
+    def resident_blocks(self) -> dict[str, list[int] | int]:
+        """The engine's cache as vLLM's events name it, for ``GET /kappa/kv_events/blocks``: ``{"GPU": [...],
+        "CPU": [...]}`` the published hashes (unsigned 64-bit ints, sorted) of the cached blocks resident in
+        HBM and in the host tier now, and ``"unnamed"``: resident blocks no event named (0 unless the engine
+        cached blocks before its events were enabled). A subscriber that applied every batch up to
+        ``next_seq - 1`` holds exactly these."""
+        hbm, host = self._cache.resident_hashes()
+        out: dict[str, list[int] | int] = {"unnamed": 0}
+        for medium, hashes in (("GPU", hbm), ("CPU", host)):
+            names = [self.recorder.external_hash(h) for h in hashes]
+            out[medium] = sorted(n for n in names if n is not None)
+            out["unnamed"] += names.count(None)  # type: ignore[operator]
+        return out

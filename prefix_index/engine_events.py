@@ -14,6 +14,10 @@ Events: ``BlockStored{block_hashes, parent_block_hash, token_ids, block_size, lo
 lora_name, extra_keys, group_idx, ...}`` (a run of consecutive full blocks: block ``i`` chains
 from block ``i-1``, the first from ``parent_block_hash``; ``token_ids`` holds ``block_size``
 tokens per block), ``BlockRemoved{block_hashes, medium, group_idx}``, ``AllBlocksCleared{}``.
+A ``BlockStored`` with no token ids is a placeholder that names blocks by hash only: vLLM's
+``OffloadingConnector`` announces a block copied to its CPU tier so (``token_ids=[]``,
+``block_size=0``, ``parent_block_hash`` None; ``offloading_connector.py``, ``take_events``);
+`BlockStored.placeholder` says so, and the index places such blocks by their hash alone.
 A block hash is an int, or the 32-byte digest when ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` is
 off; `engine_hash` takes the low 64 bits either way (vLLM's ``maybe_convert_block_hash``; llm-d's
 ``getHashAsUint64``). ``medium`` is ``"GPU"`` (or absent: the GPU pool) or ``"CPU"`` (an offload
@@ -78,6 +82,11 @@ class BlockStored:
     lora_name: str | None = None
     extra_keys: tuple[bytes | None, ...] | None = None
     group_idx: int | None = None
+
+    @property
+    def placeholder(self) -> bool:
+        """No token ids: blocks named by hash only (the offloading connector's CPU-tier stores)."""
+        return not self.token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,13 +211,14 @@ def _positional(tag: str, values: list[Any]) -> dict[str, Any]:
 def _stored(f: dict[str, Any]) -> BlockStored:
     hashes = _hashes(f.get("block_hashes"))
     size = f.get("block_size")
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise MalformedEvents(f"block_size must be a positive int, got {size!r}")
     tokens = f.get("token_ids")
+    placeholder = tokens == [] and isinstance(size, int) and not isinstance(size, bool) and size >= 0
+    if not placeholder and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        raise MalformedEvents(f"block_size must be a positive int, got {size!r}")
     if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < TOKEN_ID_LIMIT
                                            for t in tokens):
         raise MalformedEvents("token_ids must be a list of ints in [0, 2**32)")
-    if len(tokens) != len(hashes) * size:
+    if not placeholder and len(tokens) != len(hashes) * size:
         raise MalformedEvents(f"{len(tokens)} token ids for {len(hashes)} blocks of {size}")
     parent = f.get("parent_block_hash")
     return BlockStored(hashes, None if parent is None else engine_hash(parent), tuple(tokens), size,

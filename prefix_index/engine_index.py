@@ -40,6 +40,11 @@ block held in neither tier ends the prefix, and so does a block held only in HBM
 prefix ended — later blocks are not hits even if held. Events of KV-cache groups other than 0 (hybrid models' extra groups) and of media other
 than GPU and CPU are skipped (counted).
 
+Placeholders. A ``BlockStored`` without token ids (vLLM's offloading connector copying a block to
+its CPU tier: `engine_events.BlockStored.placeholder`) cannot be chained; each of its blocks goes
+into the event's tier under the own hash its engine hash already has (from an earlier store with
+tokens, in the state or the same batch), and is counted ``orphaned`` when it has none.
+
 Bound. At most ``max_blocks_per_backend`` engine hashes per (model, backend): a store past it is
 refused and counted (``over_cap``), and the state stops being clean. The engine's own evictions
 keep a clean state far below the cap; the cap only bounds a state that missed removals.
@@ -118,7 +123,7 @@ class ApplyCounts:
     stored: int = 0
     removed: int = 0
     over_cap: int = 0  # stores refused at max_blocks_per_backend
-    orphaned: int = 0  # stores whose parent's engine hash was unknown (not placed in the own chain)
+    orphaned: int = 0  # stores whose parent's engine hash (a placeholder's: its own) was unknown: not placed
     unknown_removed: int = 0  # removals of an engine hash (or tier) the state does not hold
     skipped: int = 0  # events of another KV-cache group or medium, and unknown event types
     cleared: bool = False  # an AllBlocksCleared was applied
@@ -219,11 +224,15 @@ def decide(last_seq: int | None, last_ts: float, seq: int, ts: float, *, mid_str
 
 
 def parents_needed(batch: EventBatch) -> set[int]:
-    """Engine hashes of ``BlockStored`` parents the batch does not itself store (to look up first)."""
+    """Engine hashes of ``BlockStored`` parents, and of placeholder stores' blocks, that the batch does not
+    itself store with their tokens (their own hashes are looked up first)."""
     seen: set[int] = set()
     needed: set[int] = set()
     for event in batch.events:
         if isinstance(event, BlockStored) and _indexed(event.group_idx, event.medium):
+            if event.placeholder:
+                needed.update(h for h in event.block_hashes if h not in seen)
+                continue
             if event.parent_block_hash is not None and event.parent_block_hash not in seen:
                 needed.add(event.parent_block_hash)
             seen.update(event.block_hashes)
@@ -253,6 +262,15 @@ def plan_ops(model: str, batch: EventBatch, parent_own: Callable[[int], int | No
             counts.skipped += 1
         elif isinstance(event, BlockRemoved):
             ops.extend(Remove(tier, h) for h in event.block_hashes)
+        elif event.placeholder:  # by hash alone: placed where the state (or this batch) already chained it
+            for engine in event.block_hashes:
+                own = local.get(engine)
+                if own is None and not after_clear:
+                    own = parent_own(engine)
+                if own is None:
+                    counts.orphaned += 1
+                else:
+                    ops.append(Store(tier, engine, own))
         else:
             parent = event.parent_block_hash
             parent_hash = None if parent is None else local.get(parent)
@@ -272,7 +290,7 @@ def block_size_of(batch: EventBatch) -> int | None:
     """The engine block size the batch's indexed ``BlockStored`` events name (the last one), or None."""
     size = None
     for event in batch.events:
-        if isinstance(event, BlockStored) and _indexed(event.group_idx, event.medium):
+        if isinstance(event, BlockStored) and _indexed(event.group_idx, event.medium) and not event.placeholder:
             size = event.block_size
     return size
 

@@ -165,6 +165,18 @@ class MemoryEngineIndex:
         engine = self._engines.get((model, backend_id))
         return None if engine is None else engine.snapshot()
 
+    def held(self, model: str, backend_id: str) -> dict[Tier, dict[int, int]]:
+        """Per tier, engine hash -> copies held, for one (model, backend): what its events said the engine
+        holds, by the engine's own hashes (for tests and debugging; empty dicts when nothing is held). From
+        another thread: each dict is copied in one step under the GIL, but the copies agree with each other
+        only while no batch is being applied (poll until two reads agree)."""
+        engine = self._engines.get((model, backend_id))
+        if engine is None:
+            return {Tier.HBM: {}, Tier.HOST: {}}
+        own_of = engine.own_of.copy()
+        tiers = {tier: held.copy() for tier, held in engine.tiers.items()}
+        return {tier: {e: held[o] for e, o in own_of.items() if o in held} for tier, held in tiers.items()}
+
     def memory_bytes(self) -> int:
         """Bytes the index's per-block structures hold (see `_Engine.memory_bytes`)."""
         return sum(e.memory_bytes() for e in self._engines.values())

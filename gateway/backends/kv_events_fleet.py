@@ -5,7 +5,9 @@ Redis when the approximate index is in Redis: `prefix_index.engine_redis`, share
 starts it after the backend set, and stops it before the index closes. Backends without a
 ``kv_events`` entry are ``approximate`` for good. A subscriber that dies of an unexpected error is
 logged with its traceback and restarted a second later (a supervisor, so that one backend's bad
-stream never ends the gateway's); the restarted subscriber catches up from the index.
+stream never ends the gateway's); the restarted subscriber catches up from the index. A supervised
+task that ends anyway (cancelled by something other than `KvEventsFleet.stop`) is logged and
+started again at once, and counted (``task_restarts`` in the backend's view).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import zmq.asyncio
@@ -55,6 +59,8 @@ class KvEventsFleet:
         self._start_time_of = start_time_of
         self._context = zmq.asyncio.Context()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
+        self.task_restarts: dict[str, int] = {}
         self.subscribers: dict[str, KvEventSubscriber] = {}
         self.lookup_errors = 0
         for b in backends:
@@ -63,14 +69,36 @@ class KvEventsFleet:
                 self.subscribers[b.id] = KvEventSubscriber(b.id, b.model, b.kv_events, index, self._context,
                                                            telemetry, **subscriber_options)
 
+    @property
+    def tasks(self) -> Mapping[str, asyncio.Task[None]]:
+        """Backend id -> its supervised subscriber task (read-only; for tests and debugging)."""
+        return MappingProxyType(self._tasks)
+
     def start(self) -> None:
         """Start one supervised task per subscriber."""
-        for backend_id, subscriber in self.subscribers.items():
-            self._tasks[backend_id] = asyncio.create_task(self._supervise(subscriber),
-                                                          name=f"kv-events-{backend_id}")
+        self._stopping = False
+        for subscriber in self.subscribers.values():
+            self._start_task(subscriber)
+
+    def _start_task(self, subscriber: KvEventSubscriber) -> None:
+        task = asyncio.create_task(self._supervise(subscriber), name=f"kv-events-{subscriber.backend_id}")
+        task.add_done_callback(partial(self._task_ended, subscriber))
+        self._tasks[subscriber.backend_id] = task
+
+    def _task_ended(self, subscriber: KvEventSubscriber, task: asyncio.Task[None]) -> None:
+        """A supervised task ended outside `stop` (cancelled from elsewhere): start it again, counted."""
+        if self._stopping or self._tasks.get(subscriber.backend_id) is not task:
+            return
+        if not task.cancelled() and not isinstance(task.exception(), Exception):
+            return  # SystemExit, KeyboardInterrupt: the process is ending
+        self.task_restarts[subscriber.backend_id] = self.task_restarts.get(subscriber.backend_id, 0) + 1
+        log.warning("KV events of backend %s: the subscriber task ended (%s); starting it again",
+                    subscriber.backend_id, "cancelled" if task.cancelled() else repr(task.exception()))
+        self._start_task(subscriber)
 
     async def stop(self) -> None:
         """Cancel and await the subscribers, then close the ZMQ context."""
+        self._stopping = True
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
@@ -145,6 +173,7 @@ class KvEventsFleet:
             "exact_blocks": {t.value: 0 if state is None else state.blocks.get(t, 0) for t in Tier},
             "engine_blocks": 0 if state is None else state.engine_blocks,
             "batches": dict(subscriber.counts), "stream_restarts": subscriber.stream_restarts,
+            "task_restarts": self.task_restarts.get(backend_id, 0),
         }
 
 

@@ -112,6 +112,21 @@ async def test_tiers_and_a_missing_middle_block_ends_the_prefix(index: EngineInd
     assert (r.counts.removed, r.counts.unknown_removed) == (0, 2)
 
 
+async def test_placeholder_stores_place_known_blocks_by_hash(index: EngineIndex) -> None:
+    """The offloading connector's CPU stores carry no tokens (`BlockStored.placeholder`): each block goes to
+    the host tier under the own hash its engine hash has; an unknown hash is orphaned; the block size stays."""
+    placeholder = BlockStored((12, 13, 99), None, (), 0, "CPU")
+    await index.apply(M, B, 0, ev(1.0, stored([11, 12, 13], None, 0)))
+    r = await index.apply(M, B, 1, ev(2.0, placeholder, BlockRemoved((13,), "GPU")))
+    assert (r.counts.stored, r.counts.orphaned, r.counts.removed) == (2, 1, 1)
+    assert (r.state.blocks, r.state.block_size_tokens, r.state.clean) == ({Tier.HBM: 2, Tier.HOST: 2}, 4, True)
+    assert await exact(index) == ExactMatch(2, 1, 4)  # 11, 12 in HBM; 13 on the host
+    r = await index.apply(M, B, 2, ev(3.0, stored([14], 13, 3), BlockStored((14,), None, (), 0, "CPU")))
+    assert r.state.blocks == {Tier.HBM: 3, Tier.HOST: 3}  # a block stored earlier in the same batch
+    r = await index.apply(M, B, 3, ev(4.0, AllBlocksCleared(), BlockStored((11,), None, (), 0, "CPU")))
+    assert (r.counts.orphaned, r.state.engine_blocks) == (1, 0)  # after a clear, nothing is known
+
+
 async def test_copies_are_counted_so_one_removal_leaves_the_other(index: EngineIndex) -> None:
     await index.apply(M, B, 0, ev(1.0, stored([11], None, 0), stored([11], None, 0)))  # two physical copies
     await index.apply(M, B, 1, ev(2.0, BlockRemoved((11,), "GPU")))

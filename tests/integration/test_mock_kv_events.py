@@ -233,3 +233,17 @@ def test_fault_routes_are_404_without_events() -> None:
     with serve_in_thread(app) as url:
         r = httpx.get(url + FAULTS)
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
+
+
+def test_resident_blocks_name_the_engines_cache_as_its_events_do(mock: Mock) -> None:
+    mock.sync()
+    a, b = prompt(40), prompt(48)
+    a0, a1 = digests(a)
+    b0, b1, b2 = digests(b)
+    mock.complete(a)
+    mock.complete(b)  # 4 HBM blocks: a1 goes to the host tier (as above)
+    mock.receive(), mock.receive()
+    blocks = mock.http.get("/kappa/kv_events/blocks").json()
+    assert blocks["GPU"] == sorted(low64(d) for d in (a0, b0, b1, b2))
+    assert (blocks["CPU"], blocks["unnamed"]) == ([low64(a1)], 0)
+    assert blocks["next_seq"] == mock.http.get(FAULTS).json()["next_seq"]

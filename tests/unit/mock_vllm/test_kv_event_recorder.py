@@ -14,7 +14,7 @@ import random
 
 from fleet_config.catalog import default_catalog
 from mock_vllm.engine import MockEngine
-from mock_vllm.kv_cache import SharedKVPool
+from mock_vllm.kv_cache import SharedKVPool, prompt_block_hashes
 from mock_vllm.kv_event_recorder import KVEventRecorder
 from mock_vllm.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
 from mock_vllm.types import EngineConfig
@@ -167,7 +167,24 @@ def test_non_contiguous_loads_are_one_event_per_run() -> None:
     recorder = KVEventRecorder(BLOCK)
     prompt = tokens(80, seed=11)
     chain = recorder.chain(prompt, None)
-    recorder.gpu_loaded(chain, list(range(100, 105)), [1, 2, 4])
+    recorder.gpu_cached(chain, list(range(100, 105)), [1, 2, 4])
     d = chain_digests(prompt)
     assert recorder.take() == [gpu_stored(d[1:3], d[0], prompt[16:48], [None, None]),
                                gpu_stored(d[4:5], d[3], prompt[64:80], [None])]
+
+
+def test_the_same_blocks_computed_twice_at_once_are_announced_once() -> None:
+    """Two requests admitted in one step both compute blocks 0-1; the cache keeps one copy (the second seal
+    de-duplicates), so one BlockStored, and the one eviction later is the one BlockRemoved."""
+    engine = MockEngine(H100_8B, EngineConfig(num_gpu_blocks_override=8))  # room for both at once
+    recorder = KVEventRecorder(BLOCK)
+    engine.enable_kv_events(recorder)
+    prompt = tokens(40, seed=12)
+    engine.add_request("a", prompt, max_tokens=1, arrival_s=0.0)
+    engine.add_request("b", prompt, max_tokens=1, arrival_s=0.0)
+    now_s = 0.0
+    while engine.has_unfinished():
+        now_s = engine.step(now_s).end_s
+    d0, d1 = chain_digests(prompt)
+    assert recorder.take() == [gpu_stored([d0, d1], None, prompt[:32], [None, None])]
+    assert engine.cache.resident_hashes() == (prompt_block_hashes(prompt, BLOCK, None), [])  # one copy of each

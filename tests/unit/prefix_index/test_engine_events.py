@@ -58,6 +58,17 @@ def test_digest_hashes_become_their_low_64_bits() -> None:
         engine_hash(1 << 64)
 
 
+@pytest.mark.parametrize("form", ["map", "array"])
+def test_the_offloading_connectors_placeholder_store_decodes(form: str) -> None:
+    """vLLM's OffloadingConnector announces a CPU-tier copy as BlockStored(token_ids=[], block_size=0,
+    parent None) with the raw 32-byte digest: a placeholder, not a malformed event."""
+    digest = bytes(range(32))
+    got = decode_batch(batch(1.0, [stored([digest], None, [], 0, medium="CPU", form=form)]))
+    event = got.events[0]
+    assert event == BlockStored((int.from_bytes(digest[24:], "big"),), None, (), 0, "CPU")
+    assert event.placeholder and not BlockStored((1,), None, (5, 6), 2).placeholder
+
+
 def test_extra_keys_and_the_other_fields() -> None:
     got = decode_batch(batch(1.0, [stored([1, 2], None, TOKENS, 4, lora_name="ad", extra_keys=[["salt"], None],
                                           group_idx=1, medium="cpu")]))
@@ -79,6 +90,7 @@ def test_unknown_event_types_are_counted_not_fatal() -> None:
     (msgpack.packb([1.0, [7]]), r"events\[0\] is neither"),
     (batch(1.0, [stored([1], None, [1, 2, 3], 4)]), "3 token ids for 1 blocks of 4"),
     (batch(1.0, [stored([1], None, [1, 2], 0)]), "block_size must be a positive int"),
+    (batch(1.0, [stored([1], None, [], -1)]), "block_size must be a positive int"),  # no placeholder either
     (batch(1.0, [stored(["x"], None, [1, 2], 2)]), "block hash must be an int or bytes"),
     (batch(1.0, [stored([1.5], None, [1, 2], 2)]), "block hash must be an int or bytes"),
     (batch(1.0, [stored([1], None, [1, -2], 2)]), "token_ids must be"),
