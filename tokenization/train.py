@@ -24,6 +24,13 @@ The chat template (`CHAT_TEMPLATE`) is `mock_vllm.tokenizer`'s ChatML-like layou
 
 Each role header is one special token and the text between headers is encoded on its own, so
 the ids of a conversation's earlier turns are a prefix of the longer conversation's ids.
+
+The traces' text. A trace gives token counts, not text; the replay tools and the simulator write a
+prompt of n tokens as n words drawn from the 17,576 three-letter words ``" abc"`` (`sim.traces`
+``_WORDS``: one token each under the mock's own tokenizer). So that a trace keeps its token counts
+under this tokenizer too (the demo replays Mooncake's lengths), the training text also holds
+`TRACE_WORD_PASSES` shuffled passes over those words (`trace_word_documents`): BPE then learns each
+as one token, at the cost of ~18,300 of the vocabulary's ids. English prose is unaffected by them.
 """
 
 from __future__ import annotations
@@ -32,7 +39,10 @@ import argparse
 import ast
 import gzip
 import io
+import itertools
 import json
+import random
+import string
 import subprocess
 import tokenize
 from collections.abc import Iterator
@@ -46,8 +56,11 @@ CORPUS_FILE = "corpus.txt.gz"
 DOCUMENT_SEPARATOR = "\n\x1e\n"  # ASCII record separator between the corpus's documents
 # 16,000 ids: ~3.5 bytes per token on English prose from a ~1 MB corpus (README.md beside the
 # tokenizer); with MIN_FREQUENCY 1 the merges reach the bound (2 would stop near 11,000).
-VOCAB_SIZE = 16_000
+VOCAB_SIZE = 32_000
 MIN_FREQUENCY = 1
+# Passes over the traces' three-letter words in the training text (module docstring): two are
+# enough for every one of them to become a single token at VOCAB_SIZE.
+TRACE_WORD_PASSES = 2
 MODEL_MAX_LENGTH_TOKENS = 131_072
 # Llama 3's pre-tokenizer regex (meta-llama/Meta-Llama-3-8B tokenizer.json).
 SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -111,6 +124,18 @@ def write_corpus(text: str, path: Path) -> None:
     path.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
 
 
+def trace_word_documents() -> list[str]:
+    """`TRACE_WORD_PASSES` documents, each every word ``" abc"`` (a–z, three letters) once in a
+    seeded shuffle: the words `sim.traces` writes a trace's prompts in (module docstring)."""
+    words = [" " + "".join(letters) for letters in itertools.product(string.ascii_lowercase, repeat=3)]
+    rng = random.Random(0)
+    out = []
+    for _ in range(TRACE_WORD_PASSES):
+        rng.shuffle(words)
+        out.append("".join(words))
+    return out
+
+
 def train(documents: Iterator[str]) -> Tokenizer:
     """A byte-level BPE trained on ``documents`` (module docstring); deterministic for given text."""
     tok = Tokenizer(models.BPE())
@@ -158,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.extract_corpus:
         corpus.parent.mkdir(parents=True, exist_ok=True)
         write_corpus(extract_corpus(), corpus)
-    tok = train(read_corpus(corpus))
+    tok = train(itertools.chain(read_corpus(corpus), trace_word_documents()))
     write_tokenizer(tok, args.out)
     print(f"{args.out}: vocab {tok.get_vocab_size()} from {corpus} ({corpus.stat().st_size:,} bytes gzipped)")
 

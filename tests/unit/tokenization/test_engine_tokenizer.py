@@ -48,7 +48,7 @@ def test_a_broken_config_or_template_is_named(tmp_path: Path, config: object, ma
 def test_without_a_template_completions_work_and_chats_are_refused(tmp_path: Path) -> None:
     tok = EngineTokenizer.from_dir(tokenizer_dir(tmp_path, name="plain"))
     assert (tok.name, tok.template, tok.special_tokens) == ("plain", None, {})
-    assert tok.prompt_token_ids("Hello world") == [1, 8768, 4719, 817]  # BOS comes from tokenizer.json
+    assert tok.prompt_token_ids("Hello world") == [1, 9381, 4751, 734]  # BOS comes from tokenizer.json
     with pytest.raises(ValueError, match="'plain' has no chat template"):
         tok.chat_token_ids([{"role": "user", "content": "x"}])
 
@@ -59,7 +59,7 @@ def test_special_tokens_as_added_token_objects_and_a_named_template_list(tmp_pat
                                 {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}"}]}
     tok = EngineTokenizer.from_dir(tokenizer_dir(tmp_path, config))
     assert tok.special_tokens == {"bos_token": "<|bos|>", "eos_token": "<|eos|>"}
-    assert tok.chat_token_ids([{"role": "user", "content": "Hello world"}]) == [1, 8768, 4719, 817]
+    assert tok.chat_token_ids([{"role": "user", "content": "Hello world"}]) == [1, 9381, 4751, 734]
 
 
 def test_a_chat_template_jinja_file_serves_when_the_config_has_none(tmp_path: Path) -> None:

@@ -95,8 +95,8 @@ def test_chat_adds_no_special_tokens_unless_asked() -> None:
 
 @pytest.mark.parametrize("prompt", ["Hello world", ["Hello world"]])
 def test_a_completion_string_gets_bos(prompt) -> None:
-    assert request_token_ids(TOK, {"prompt": prompt}, chat=False) == [BOS, 8768, 4719, 817]
-    assert request_token_ids(TOK, {"prompt": prompt, "add_special_tokens": False}, chat=False) == [8768, 4719, 817]
+    assert request_token_ids(TOK, {"prompt": prompt}, chat=False) == [BOS, 9381, 4751, 734]
+    assert request_token_ids(TOK, {"prompt": prompt, "add_special_tokens": False}, chat=False) == [9381, 4751, 734]
 
 
 @pytest.mark.parametrize("prompt", [[5, 15999, 0], [[5, 15999, 0]]])
@@ -110,7 +110,7 @@ def test_completion_token_ids_pass_through_unchanged(prompt) -> None:
     ({"prompt": []}, "prompt must be"),
     ({"prompt": [1, True]}, "prompt must be"),
     ({"prompt": 3}, "prompt must be"),
-    ({"prompt": [16000]}, "Token id 16000 is out of vocabulary"),
+    ({"prompt": [32000]}, "Token id 32000 is out of vocabulary"),
     ({"prompt": [-1]}, "Token id -1 is out of vocabulary"),
     ({"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens must be a boolean"),
 ])

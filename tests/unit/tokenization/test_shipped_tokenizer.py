@@ -19,15 +19,15 @@ BOS, USER, ASSISTANT, SYSTEM = 1, 5, 6, 3
 # Ids read off the shipped file once (decoded pieces in the comments); any retraining that moves
 # them must be deliberate.
 FIXED = {
-    "The gateway routes each request.": [1, 401, 431, 1830, 489, 385, 23],  # The| gateway| routes| each| request|.
-    "Hello world": [1, 8768, 4719, 817],  # Hello| wor|ld
-    "12345 tokens": [1, 4517, 1218, 599],  # 123|45| tokens  (digits in groups of three)
-    "κ_crit": [1, 533, 773],  # κ|_crit
+    "The gateway routes each request.": [1, 405, 441, 1962, 499, 393, 23],  # The| gateway| routes| each| request|.
+    "Hello world": [1, 9381, 4751, 734],  # Hello| wor|ld
+    "12345 tokens": [1, 5031, 1240, 611],  # 123|45| tokens  (digits in groups of three)
+    "κ_crit": [1, 542, 805],  # κ|_crit
 }
 
 
 def test_it_loads_with_its_vocabulary_special_tokens_and_template() -> None:
-    assert (TOK.name, TOK.vocab_size) == ("kappa-mock-bpe", 16_000)
+    assert (TOK.name, TOK.vocab_size) == ("kappa-mock-bpe", 32_000)
     assert TOK.special_tokens["bos_token"] == "<|bos|>" and TOK.special_tokens["eos_token"] == "<|eos|>"
     headers = ["<|system|>\n", "<|developer|>\n", "<|user|>\n", "<|assistant|>\n", "<|tool|>\n", "<|function|>\n",
                "<|tools|>\n"]
@@ -42,12 +42,12 @@ def test_a_completion_prompt_encodes_to_fixed_ids_with_bos(text: str) -> None:
 
 
 def test_english_prose_not_in_the_training_text_is_about_three_and_a_half_bytes_per_token() -> None:
-    """README.md's figure: 3.58 bytes per token over the three held-out paragraphs (3.4-3.9 each)."""
+    """README.md's figure: 3.63 bytes per token over the three held-out paragraphs (3.4-4.1 each)."""
     text = " ".join(PROSE.values())
     density = len(text.encode()) / len(TOK.encode(text, add_special_tokens=False))
-    assert density == pytest.approx(3.58, abs=0.01)
+    assert density == pytest.approx(3.63, abs=0.01)
     for paragraph in PROSE.values():
-        assert 3.3 < len(paragraph.encode()) / len(TOK.encode(paragraph, add_special_tokens=False)) < 4.0
+        assert 3.3 < len(paragraph.encode()) / len(TOK.encode(paragraph, add_special_tokens=False)) < 4.1
 
 
 def test_a_chat_renders_the_mock_layout_and_encodes_without_a_second_bos() -> None:
@@ -86,3 +86,12 @@ def test_retraining_from_the_shipped_corpus_reproduces_the_shipped_files(tmp_pat
     training.main(["--out", str(tmp_path), "--corpus", str(SHIPPED / training.CORPUS_FILE)])
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), name
+
+
+def test_a_traces_synthetic_prompt_keeps_its_token_count() -> None:
+    """`sim.traces` writes a trace's n tokens as n three-letter words; each is one token here, as under
+    the mock's own tokenizer, so a replayed Mooncake prompt is as long as the trace says."""
+    from sim.traces import unique_words
+
+    for seed, n in (("a", 1), ("b", 517), ("c", 4096)):
+        assert len(TOK.encode(unique_words(seed, n), add_special_tokens=False)) == n
