@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dispatch.ledger import Ledger
+from dispatch.measured import MeasuredFigures
 from router.capacity import kv_capacity_bytes
 from router.cost import BackendSpec
+from router.link_factors import MeasurementSettings
 
 __all__ = ["BackendMetrics", "Target"]
 
@@ -67,7 +69,8 @@ class Target:
 
     Args:
         id: the config's backend id.
-        spec: model, hardware and deployment figures.
+        spec: model, hardware and deployment figures: the profile's at first; what routing
+            prices it with, moved by measurement (`measure`, `dispatch.measured`).
         host_tier_bytes: its host-memory KV offload tier, bytes (0: none).
         num_gpu_blocks_override: the config's vLLM ``--num-gpu-blocks-override`` (KV capacity
             until a scrape reports the real one).
@@ -76,6 +79,11 @@ class Target:
         foreign_requests: requests the last scrape found there beyond the gateway's own ledger
             at that moment (``num_requests_running + num_requests_waiting − in flight``, ≥ 0):
             traffic that did not come through this gateway or its replicas (`scraped`).
+        measurement: how measured figures move ``spec`` (`router.link_factors.MeasurementSettings`).
+
+    Attributes:
+        profile_spec: the configured spec (``spec`` as constructed).
+        figures: its fit, the fit's feed and the routed spec (`dispatch.measured.MeasuredFigures`).
     """
 
     id: str
@@ -85,7 +93,27 @@ class Target:
     metrics: BackendMetrics = field(default_factory=BackendMetrics)
     ledger: Ledger = field(default_factory=Ledger)
     foreign_requests: int = 0
+    measurement: MeasurementSettings = field(default_factory=MeasurementSettings, repr=False)
+    profile_spec: BackendSpec = field(init=False, repr=False)
+    figures: MeasuredFigures = field(init=False, repr=False)
     _kv_capacity: tuple[BackendMetrics, float] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.profile_spec = self.spec
+        self.figures = MeasuredFigures(self.spec, self.measurement)
+
+    def measure(self, metrics: BackendMetrics, now_s: float) -> bool:
+        """Close the fit's interval at a scrape of ``metrics`` at ``now_s`` (`dispatch.measured`);
+        ``spec`` follows the routed figures. Returns whether it changed."""
+        changed = self.figures.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s, now_s)
+        if changed:
+            self.spec = self.figures.spec
+        return changed
+
+    def restarted(self) -> None:
+        """The backend restarted: its measured figures start again from the profile."""
+        if self.figures.restarted():
+            self.spec = self.figures.spec
 
     def scraped(self, metrics: BackendMetrics) -> None:
         """Take a new scrape: it replaces `metrics`, and sets `foreign_requests` from its counts

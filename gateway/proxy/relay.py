@@ -286,7 +286,7 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
     if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
         series.ttft.observe(obs.ttft_s)
     # A split request's decode phase ran no prefill here (its "prefill" is the KV pull): unpredictable.
-    if state.prefill_feed.completed_request(None if sent.split else prediction(state.spec, c, timing, obs.usage)):
+    if state.prefill_feed.completed_request(None if sent.split else prediction(state.profile_spec, c, timing, obs.usage)):
         gw.backends.scrape_soon(state)
     for gap in obs.itl_s:
         series.itl.observe(gap)

@@ -20,7 +20,8 @@ from fleet_config import default_catalog
 from gateway.backends.scrape import parse_vllm_metrics
 from router import kappa
 from router.cost import BackendSpec
-from router.kappa_fit import MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS
+from router.kappa_fit import MIN_REQUESTS
+from router.link_factors import COMPUTE, HOST
 from tests.integration.gateway_support import (
     MOCK_MODEL,
     Gateway,
@@ -29,6 +30,8 @@ from tests.integration.gateway_support import (
     run_gateway,
     run_mocks,
 )
+
+MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS = MIN_REQUESTS[COMPUTE], MIN_REQUESTS[HOST]
 
 pytestmark = pytest.mark.integration
 
@@ -80,8 +83,11 @@ def test_measured_kappa_crit_matches_the_engines_physics() -> None:
     # for compute and for loads, so the measured κ_crit is the profile's linear one, 4.13.
     # Within 2%, not exactly: a scrape racing a request's end can leave one request's prefill in a
     # neighbour's interval (a CI run measured 0.9925); the done-when bound is 10%.
-    assert fit["compute_time_ratio"] == pytest.approx(1.0, rel=0.02)
-    assert fit["load_time_ratio"] == pytest.approx(1.0, rel=0.02)
+    factors = fit["factors"]
+    assert factors["compute"]["time_ratio"] == pytest.approx(1.0, rel=0.02)
+    assert factors["host_link"]["time_ratio"] == pytest.approx(1.0, rel=0.02)
+    assert factors["kv_pool_link"] == {"evidence": "none", "routed_time_ratio": 1.0}  # no pool here
+    assert fit["pd_transfer"] is None  # an aggregated fleet
     assert fit["requests"]["kv_pool_load"] == 0 and fit["requests"]["load"] >= MIN_LOAD_REQUESTS
     assert fit["requests"]["compute"] >= MIN_COMPUTE_REQUESTS
     assert backend["kappa_crit_linear_measured"] == pytest.approx(H100_8B.kappa_crit_linear, rel=0.02)

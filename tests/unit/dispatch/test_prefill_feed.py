@@ -1,11 +1,11 @@
-"""Which requests and scrape intervals feed the κ_crit fit (`gateway.backends.kappa_feed`)."""
+"""Which requests and scrape intervals feed the κ_crit fit (`dispatch.prefill_feed`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from fleet_config import default_catalog
-from gateway.backends.kappa_feed import (
+from dispatch.prefill_feed import (
     MAX_MERGED_SCRAPES,
     QUEUE_SETTLE_S,
     DispatchTiming,
