@@ -47,7 +47,7 @@ class MeasuredFigures:
 
     profile: BackendSpec
     settings: MeasurementSettings = field(default_factory=MeasurementSettings)
-    feed: PrefillFeed = field(default_factory=PrefillFeed)
+    feed: PrefillFeed = field(init=False)
     fit: KappaCritFit = field(init=False)
     factors: LinkFactors = field(default=PROFILE, init=False)
     spec: BackendSpec = field(init=False)
@@ -56,15 +56,19 @@ class MeasuredFigures:
 
     def __post_init__(self) -> None:
         self.fit = KappaCritFit(self.profile, self.settings.time_constant_s)
+        self.feed = PrefillFeed(self.profile)
         self.spec = self.profile
 
-    def scraped(self, count: float | None, sum_s: float, now_s: float) -> bool:
-        """A scrape of the prefill-time histogram (``_count``, ``_sum``; count None: not exported) at
-        ``now_s``: the feed's interval closes and the fit takes it. Returns whether ``spec`` changed."""
-        interval = self.feed.scraped(count, sum_s, end_s=now_s)
-        if interval is None or not self.fit.observe(interval):
+    def scraped(self, count: float | None, sum_s: float, now_s: float, loaded_tokens: float | None = None) -> bool:
+        """A scrape of the prefill-time histogram (``_count``, ``_sum``; count None: not exported) and of
+        the engine's loaded-token counter at ``now_s``: the feed's interval closes and the fit takes the
+        intervals laid out (`dispatch.prefill_feed.PrefillFeed.scraped`). Returns whether ``spec`` changed."""
+        self.fit.measurement()  # its rates are current: the schedule prices the engine's steps at them
+        observed = [iv for iv in self.feed.scraped(count, sum_s, end_s=now_s, rates=self.fit.rates,
+                                                   loaded_tokens=loaded_tokens) if self.fit.observe(iv)]
+        if not observed:
             return False
-        self.observed += 1
+        self.observed += len(observed)
         return self.reprice()
 
     def measurement(self) -> KappaCritMeasurement | None:

@@ -37,6 +37,9 @@ class BackendMetrics:
             and ``_sum``: finished requests and their summed time from first scheduled to first
             token, engine seconds (the κ_crit fit's measurement, `router.kappa_fit`); count None
             when not exported.
+        kv_loaded_tokens_total: ``vllm:prompt_tokens_by_source{source="external_kv_transfer"}``: prompt
+            tokens the engine loaded (host tier, KV connectors), counted when scheduled; None when not
+            exported (`dispatch.tier_check`).
         kv_transfer_count, kv_transfer_seconds_total, kv_transfer_bytes_total, kv_transfer_failures_total:
             the KV connector's transfers into this engine (P/D: a decode instance pulling prefilled KV;
             vLLM's NixlConnector, ``vllm:nixl_xfer_time_seconds``' ``_count`` and ``_sum``,
@@ -57,6 +60,7 @@ class BackendMetrics:
     requests_succeeded_total: float = 0.0
     prefill_time_count: float | None = None
     prefill_time_sum_s: float = 0.0
+    kv_loaded_tokens_total: float | None = None
     kv_transfer_count: float | None = None
     kv_transfer_seconds_total: float = 0.0
     kv_transfer_bytes_total: float = 0.0
@@ -105,7 +109,8 @@ class Target:
     def measure(self, metrics: BackendMetrics, now_s: float) -> bool:
         """Close the fit's interval at a scrape of ``metrics`` at ``now_s`` (`dispatch.measured`);
         ``spec`` follows the routed figures. Returns whether it changed."""
-        changed = self.figures.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s, now_s)
+        changed = self.figures.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s, now_s,
+                                       metrics.kv_loaded_tokens_total)
         if changed:
             self.spec = self.figures.spec
         return changed

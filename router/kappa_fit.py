@@ -34,7 +34,10 @@ batch the gateway could not see); classes are redrawn with the new rates until t
 change (≤ FIT_ROUNDS). Residuals are relative — each interval divided by its prediction at the
 current rates — since an interval's noise grows with its length, and none counts as an outlier
 for being within `RELATIVE_NOISE_FLOOR`. Started from the last fit's rates, the profile's and
-load rates up to 32× off (`START_LOAD_RATES`), the fit with the smallest robust residual scale is kept.
+load rates up to 32× off (`START_LOAD_RATES`), the fit that explains the most intervals (within
+`CONSENSUS` of their prediction; of equals, the earliest start), is kept: a profile far off
+classifies its load-bound requests as compute-bound at first, and the biweight would otherwise
+drop them as outliers for good. The other starts are tried only while some interval is left out.
 
 **Drift.** Intervals are weighted by exp(−age / τ), age from the newest interval (τ:
 ``time_constant_s``, the caller's setting): a backend that slows down, or a link that degrades,
@@ -73,10 +76,13 @@ MIN_REQUESTS = (8, 2, 2, 2)  # per factor (COMPUTE, HOST, POOL, HBM): a load-bou
 FIT_ROUNDS = 6
 # Starting load rates (u = w = 1): the profile's, and up to 32× off either way (a datasheet peak
 # against a sustained figure is 4×, a link falling back to TCP 30×); the start whose fit leaves the
-# smallest robust residual scale wins (a profile far off classifies badly at first). The others are
-# tried only when the first starts give a fit no better than GOOD_FIT_SCALE_RATIO.
+# most intervals explained wins (module docstring). The others are tried only while the best so far
+# leaves an interval out, or fits no better than GOOD_FIT_SCALE_RATIO.
 START_LOAD_RATES = (1.0, 0.25, 4.0, 0.125, 8.0, 0.5, 2.0, 16.0, 32.0, 0.0625)
 GOOD_FIT_SCALE_RATIO = 0.05  # robust scale of the relative residuals
+# An interval a fit explains is within this of its prediction: the biweight's limit at the noise floor
+# (4.685 × 1%), the same for every start, so a sloppier fit does not explain more by its wider limit.
+CONSENSUS = 0.047
 # Relative residuals below this are the data's resolution, never outliers (the biweight's limit is
 # then 4.685 × 1%): on the mocks decodes sharing a prefill's steps add 0.1–1%.
 RELATIVE_NOISE_FLOOR = 0.01
@@ -198,6 +204,13 @@ class KappaCritFit:
         self._version += 1
 
     @property
+    def rates(self) -> tuple[float, float, float, float]:
+        """The last fit's factors (COMPUTE, HOST, POOL, HBM; the profile's, 1, before any): what the
+        caller prices the engine's steps at (`dispatch.prefill_schedule`)."""
+        r = self._last_rates
+        return (1.0, 1.0, 1.0, 1.0) if r is None else (r[0], r[1], r[2], r[3])
+
+    @property
     def intervals(self) -> int:
         """Intervals held."""
         return len(self._compute) + len(self._loads)
@@ -222,21 +235,23 @@ class KappaCritFit:
         prior = [math.exp(-(newest - iv.end_s) / self.time_constant_s) for iv in intervals]
         starts = ([list(self._last_rates)] if self._last_rates else []) + [
             [1.0, v, v, 1.0] for v in START_LOAD_RATES]
-        best: tuple[float, KappaCritMeasurement, list[float]] | None = None
+        best: tuple[tuple[int, float], KappaCritMeasurement, list[float]] | None = None
         for start in starts:
             fitted = self._fit_from(intervals, prior, start)
-            if fitted is not None and (best is None or fitted[0] < best[0]):
+            if fitted is not None and (best is None or fitted[0][0] > best[0][0]):  # ties: the earlier start
                 best = fitted
-            if best is not None and best[0] <= GOOD_FIT_SCALE_RATIO:
+            if best is not None and best[0][0] == len(intervals) and -best[0][1] <= GOOD_FIT_SCALE_RATIO:
                 break
         if best is None:
             return None
-        self._last_rates = best[2]
+        # a factor without evidence stays at its start: the profile's 1 is the better guess
+        self._last_rates = [rate if f is not None else 1.0 for rate, f in zip(best[2], best[1].factors, strict=True)]
         return best[1]
 
     def _fit_from(self, intervals: list[PrefillInterval], prior: list[float],
-                  rates: list[float]) -> tuple[float, KappaCritMeasurement, list[float]] | None:
-        """The fit started from ``rates`` (u, v_host, v_pool, w), its robust residual scale and rates."""
+                  rates: list[float]) -> tuple[tuple[int, float], KappaCritMeasurement, list[float]] | None:
+        """The fit started from ``rates`` (u, v_host, v_pool, w), its score (intervals it explains, and
+        its robust residual scale) and its rates."""
         classes: list[list[int]] | None = None
         fit: RobustFit | None = None
         used: list[int] = []
@@ -262,7 +277,11 @@ class KappaCritFit:
         if fit is None or classes is None:
             return None
         measurement = self._measurement(intervals, classes, fit, used)
-        return None if measurement is None else (fit.scale, measurement, list(rates))
+        if measurement is None:
+            return None
+        explained = sum(1 for iv, row in zip(intervals, rows, strict=True)
+                        if abs(iv.prefill_s - (p := sum(r * x for r, x in zip(rates, row, strict=True)))) <= CONSENSUS * p)
+        return (explained, -fit.scale), measurement, list(rates)
 
     def _measurement(self, intervals: list[PrefillInterval], classes: list[list[int]], fit: RobustFit,
                      used: list[int]) -> KappaCritMeasurement | None:

@@ -12,10 +12,10 @@ from typing import Any
 from dispatch import Target
 from dispatch.measured import MeasuredFigures
 from gateway.backends.pd_links import PdLinks
-from dispatch.prefill_feed import DispatchTiming, PrefillFeed, prediction, single_step_tokens
+from dispatch.prefill_feed import DispatchTiming, PrefillFeed, single_step_tokens
 from router.link_factors import FACTORS, FactorEstimate, KappaEstimate, measured_link
 
-__all__ = ["DispatchTiming", "PrefillFeed", "measured_fields", "prediction", "single_step_tokens"]
+__all__ = ["DispatchTiming", "PrefillFeed", "measured_fields", "single_step_tokens"]
 
 
 def _finite(value: float) -> float | None:

@@ -94,3 +94,10 @@ def test_compute_alone_keeps_the_links_bit_for_bit() -> None:
 def test_deviations_beyond_the_ratio_with_their_whole_interval(factor: FactorEstimate, told: bool) -> None:
     found = deviations(LinkFactorEstimates(compute=estimate(1.0, 40), host_link=factor), 1.5)
     assert found == ({"host_link": factor.time_ratio} if told else {})
+
+
+def test_a_factor_whose_interval_holds_one_is_the_profile() -> None:
+    """The profile right, a compute factor read 1.18 [0.94, 1.48] from 18 requests in the simulator
+    before it settled at 1.000: not contradicted, not routed on."""
+    assert blended(estimate(1.18, 18, ci=(0.94, 1.48)), N0) == 1.0
+    assert blended(estimate(1.18, 18, ci=(1.05, 1.33)), N0) == pytest.approx(1.18 ** (18 / 20), rel=0.01)
