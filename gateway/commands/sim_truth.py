@@ -122,6 +122,7 @@ def _f(value: float | None, fmt: str) -> str:
 
 def print_truth_report(report: dict[str, Any], console: Console) -> None:
     """The three variants per policy (TTFT p50/p90/p99, E2E p90), then measured against true factors."""
+    console = Console(width=max(console.width, 170))
     run = report["run"]
     table = Table(title=f"kappa-gateway sim --fleet-truth: {run['requests']} requests, rate ×{run['rate_scale']:g}, "
                         f"router told {run['fleet']}, engines run {run['fleet_truth']}"
