@@ -35,7 +35,7 @@ estimate (`dispatch.prefill_feed.single_step_tokens`). Times are the caller's cl
 gateway a wall clock, in which an engine that runs ``--time-scale`` faster than real (the mock)
 shortens the steps: the factors the fit measures are engine seconds over profiled ones, so
 ``wall_per_engine_s`` converts them, learnt from the requests that ran alone (`SCALE_WINDOW`; about
-1 for a real engine: its time to first token also holds the wait for the step in progress).
+1 for a real engine).
 """
 
 from __future__ import annotations
@@ -55,11 +55,13 @@ MAX_PENDING_INTERVALS = 64  # closed intervals waiting for their neighbours' usa
 SAME_STEP_S = 0.002
 # A first token later than its chunks could take in full steps, by this factor, came after a wait.
 KV_WAIT_MARGIN = 1.2
-# Wall seconds per engine second (`PrefillSchedule.wall_per_engine_s`): the median, over the latest
-# SCALE_WINDOW requests that found the engine free of prefills, of their time to first token over their
-# steps' seconds at the fit's factors; 1 until MIN_SCALE_SAMPLES of them.
+# Wall seconds per engine second (`PrefillSchedule.wall_per_engine_s`): the SCALE_QUANTILE quantile, over
+# the latest SCALE_WINDOW requests that found the engine free of prefills, of their time to first token
+# over their steps' seconds at the fit's factors (a low quantile: waits for a step in progress, for KV,
+# and the network only ever lengthen the first); 1 until MIN_SCALE_SAMPLES of them.
 SCALE_WINDOW = 64
 MIN_SCALE_SAMPLES = 5
+SCALE_QUANTILE = 0.2
 
 
 @dataclass(slots=True, eq=False)
@@ -244,13 +246,15 @@ class PrefillSchedule:
         """Whether its first chunk ran in the tail, which had ``room`` tokens of budget left.
 
         A prompt that fits the room joined exactly when its first token came with the tail's end
-        (within `SAME_STEP_S`): no factor enters. Else: when it was sent before the tail began (the tail's
+        (within `SAME_STEP_S`, or half the step it would have taken on its own, whichever is longer:
+        live, two outputs of one step reach the gateway some milliseconds apart). Else: when it was sent before the tail began (the tail's
         end less its duration at ``rates``), unless its first token came later than its remaining chunks
         could take even in full steps (`KV_WAIT_MARGIN`): then it waited for KV, not budget, and began
         later on its own."""
         scale = self.wall_per_engine_s
         if tail.end_s is not None and entry.first_token_s is not None and tokens <= room:
-            return abs(entry.first_token_s - tail.end_s) <= SAME_STEP_S
+            own_s = self._steps_s(entry, tokens, context, budget, decodes, rates, first=True, loads=False) * scale
+            return abs(entry.first_token_s - tail.end_s) <= max(SAME_STEP_S, 0.5 * own_s)
         start = self._start(tail, rates)
         if start is None:  # the tail's duration is unknown: whether this joined it is too
             self._spoiled_run = True
@@ -264,15 +268,16 @@ class PrefillSchedule:
         return entry.first_token_s - tail.end_s <= full * scale * KV_WAIT_MARGIN + SAME_STEP_S
 
     def _steps_s(self, entry: _Entry, tokens: int, context: int, budget: int, decodes: tuple[int, ...],
-                 rates: tuple[float, float, float, float], *, first: bool) -> float:
-        """Seconds of the steps ``tokens`` of it take on their own at ``rates``, from ``context`` on."""
+                 rates: tuple[float, float, float, float], *, first: bool, loads: bool = True) -> float:
+        """Seconds of the steps ``tokens`` of it take on their own at ``rates``, from ``context`` on (its
+        loads left out with ``loads`` False: the least they take, whatever tier its cached tokens were in)."""
         total = 0.0
         while tokens > 0:
             step = _Step(0, budget, decode_contexts=decodes)
             chunk = min(tokens, budget)
             step.chunks.append((entry, chunk, context, first))
             step.tokens = chunk
-            total += self._duration(step, rates, loads=entry.tiers is not None)
+            total += self._duration(step, rates, loads=loads and entry.tiers is not None)
             tokens, context, first = tokens - chunk, context + chunk, False
         return total
 
@@ -337,7 +342,7 @@ class PrefillSchedule:
             if entry.fresh and own_s > 0:
                 self._scales.append((entry.first_token_s - entry.sent_s) / own_s)
                 if len(self._scales) >= MIN_SCALE_SAMPLES:
-                    self.wall_per_engine_s = sorted(self._scales)[len(self._scales) // 2]
+                    self.wall_per_engine_s = sorted(self._scales)[int(SCALE_QUANTILE * len(self._scales))]
 
     def _term(self, step: _Step, *, loads: bool = True) -> PrefillPrediction | None:
         """The step's seconds by resource on the profile, as the engine steps it (`router.cost.roofline`);
