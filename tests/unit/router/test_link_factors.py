@@ -101,3 +101,11 @@ def test_a_factor_whose_interval_holds_one_is_the_profile() -> None:
     before it settled at 1.000: not contradicted, not routed on."""
     assert blended(estimate(1.18, 18, ci=(0.94, 1.48)), N0) == 1.0
     assert blended(estimate(1.18, 18, ci=(1.05, 1.33)), N0) == pytest.approx(1.18 ** (18 / 20), rel=0.01)
+
+
+def test_compute_moves_only_on_enough_evidence() -> None:
+    """Live, its config right, a GH200 read compute 1.49 [1.05, 2.10] from 9 requests: compute needs 16."""
+    few = LinkFactorEstimates(compute=estimate(1.49, 9, ci=(1.05, 2.1)))
+    many = LinkFactorEstimates(compute=estimate(1.49, 20, ci=(1.3, 1.7)))
+    assert routed_factors(few, N0) == PROFILE
+    assert routed_factors(many, N0).compute == pytest.approx(1.49 ** (20 / 22), rel=0.01)
