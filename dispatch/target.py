@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dispatch.ledger import Ledger
+from dispatch.measured import MeasuredFigures
 from router.capacity import kv_capacity_bytes
 from router.cost import BackendSpec
+from router.link_factors import MeasurementSettings
 
 __all__ = ["BackendMetrics", "Target"]
 
@@ -35,6 +37,9 @@ class BackendMetrics:
             and ``_sum``: finished requests and their summed time from first scheduled to first
             token, engine seconds (the κ_crit fit's measurement, `router.kappa_fit`); count None
             when not exported.
+        kv_loaded_tokens_total: ``vllm:prompt_tokens_by_source{source="external_kv_transfer"}``: prompt
+            tokens the engine loaded (host tier, KV connectors), counted when scheduled; None when not
+            exported (`dispatch.tier_check`).
         kv_transfer_count, kv_transfer_seconds_total, kv_transfer_bytes_total, kv_transfer_failures_total:
             the KV connector's transfers into this engine (P/D: a decode instance pulling prefilled KV;
             vLLM's NixlConnector, ``vllm:nixl_xfer_time_seconds``' ``_count`` and ``_sum``,
@@ -55,6 +60,7 @@ class BackendMetrics:
     requests_succeeded_total: float = 0.0
     prefill_time_count: float | None = None
     prefill_time_sum_s: float = 0.0
+    kv_loaded_tokens_total: float | None = None
     kv_transfer_count: float | None = None
     kv_transfer_seconds_total: float = 0.0
     kv_transfer_bytes_total: float = 0.0
@@ -67,7 +73,8 @@ class Target:
 
     Args:
         id: the config's backend id.
-        spec: model, hardware and deployment figures.
+        spec: model, hardware and deployment figures: the profile's at first; what routing
+            prices it with, moved by measurement (`measure`, `dispatch.measured`).
         host_tier_bytes: its host-memory KV offload tier, bytes (0: none).
         num_gpu_blocks_override: the config's vLLM ``--num-gpu-blocks-override`` (KV capacity
             until a scrape reports the real one).
@@ -76,6 +83,11 @@ class Target:
         foreign_requests: requests the last scrape found there beyond the gateway's own ledger
             at that moment (``num_requests_running + num_requests_waiting − in flight``, ≥ 0):
             traffic that did not come through this gateway or its replicas (`scraped`).
+        measurement: how measured figures move ``spec`` (`router.link_factors.MeasurementSettings`).
+
+    Attributes:
+        profile_spec: the configured spec (``spec`` as constructed).
+        figures: its fit, the fit's feed and the routed spec (`dispatch.measured.MeasuredFigures`).
     """
 
     id: str
@@ -85,7 +97,28 @@ class Target:
     metrics: BackendMetrics = field(default_factory=BackendMetrics)
     ledger: Ledger = field(default_factory=Ledger)
     foreign_requests: int = 0
+    measurement: MeasurementSettings = field(default_factory=MeasurementSettings, repr=False)
+    profile_spec: BackendSpec = field(init=False, repr=False)
+    figures: MeasuredFigures = field(init=False, repr=False)
     _kv_capacity: tuple[BackendMetrics, float] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.profile_spec = self.spec
+        self.figures = MeasuredFigures(self.spec, self.measurement)
+
+    def measure(self, metrics: BackendMetrics, now_s: float) -> bool:
+        """Close the fit's interval at a scrape of ``metrics`` at ``now_s`` (`dispatch.measured`);
+        ``spec`` follows the routed figures. Returns whether it changed."""
+        changed = self.figures.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s, now_s,
+                                       metrics.kv_loaded_tokens_total)
+        if changed:
+            self.spec = self.figures.spec
+        return changed
+
+    def restarted(self) -> None:
+        """The backend restarted: its measured figures start again from the profile."""
+        if self.figures.restarted():
+            self.spec = self.figures.spec
 
     def scraped(self, metrics: BackendMetrics) -> None:
         """Take a new scrape: it replaces `metrics`, and sets `foreign_requests` from its counts

@@ -15,6 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from prefix_index.breaker import DEFAULT_FAILURE_THRESHOLD, DEFAULT_MAX_OPEN_S, DEFAULT_OPEN_S
 from prefix_index.hashing import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS
 from prefix_index.redis_defaults import DEFAULT_KEY_PREFIX, DEFAULT_KEY_TTL_S, DEFAULT_TIMEOUT_S
+from router.link_factors import (
+    DEFAULT_DEVIATION_RATIO,
+    DEFAULT_PRIOR_REQUESTS,
+    DEFAULT_TIME_CONSTANT_S,
+    MeasurementSettings,
+)
 from router.policies import PolicyConfigError, build_policy
 
 # Seconds between a gateway replica's periodic load exchanges (gateway.replicas.peer_load): its
@@ -77,10 +83,34 @@ class IndexSection(StrictSection):
         return self
 
 
+class MeasuredFiguresSection(StrictSection):
+    """``routing.measured_figures``: route on what the backends are measured to do (`router.link_factors`).
+
+    Attributes:
+        enabled: price each backend with its measured factors blended with the profile (false: on
+            the profile alone, the decisions of before; the fit still runs and is reported).
+        prior_requests: the profile's worth in requests of evidence (n0 of the blend).
+        time_constant_s: the fit's evidence ages with this time constant, s (drift).
+        deviation_ratio: a factor measured beyond this many times its profile's is logged once and
+            shown by ``crit --config`` (> 1).
+    """
+
+    enabled: bool = True
+    prior_requests: float = Field(default=DEFAULT_PRIOR_REQUESTS, ge=0)
+    time_constant_s: float = Field(default=DEFAULT_TIME_CONSTANT_S, gt=0)
+    deviation_ratio: float = Field(default=DEFAULT_DEVIATION_RATIO, gt=1)
+
+    def settings(self) -> MeasurementSettings:
+        """The router's form of this section."""
+        return MeasurementSettings(enabled=self.enabled, prior_requests=self.prior_requests,
+                                   time_constant_s=self.time_constant_s, deviation_ratio=self.deviation_ratio)
+
+
 class RoutingSection(StrictSection):
     policy: str = "kappa"
     params: dict[str, Any] = Field(default_factory=dict)
     seed: int | None = None
+    measured_figures: MeasuredFiguresSection = Field(default_factory=MeasuredFiguresSection)
 
     @model_validator(mode="after")
     def _policy_builds(self) -> RoutingSection:

@@ -12,7 +12,8 @@ One file per deployment (``config/fleet.local.yaml`` is the example)::
     index:    {backend: memory|redis, redis_url, key_prefix, timeout_s, key_ttl_s, breaker_failures,
                breaker_open_s, breaker_max_open_s, block_size_tokens, bytes_per_token, share_load,
                load_sync_interval_s}
-    routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed}
+    routing:  {policy: kappa|round-robin|least-loaded|prefix-affinity|weighted, params: {...}, seed,
+               measured_figures: {enabled, prior_requests, time_constant_s, deviation_ratio}}
     models:   {served name: {profile: catalog name, tokenizer: dir}}  (optional; default: catalog names)
     kv_pool:  {capacity_gb, link_gb_s_per_gpu}                (optional: a KV store the fleet shares)
     backends: [{id, url, model, hardware, power_cap_w, tensor_parallel, host_tier_gb,

@@ -146,7 +146,9 @@ async def open_gateway(settings: Settings, catalog: Catalog, telemetry: Telemetr
         stack.push_async_callback(index.aclose)
         if settings.index.backend == "redis":
             await _check_redis(settings, index)
-        states = [BackendState.of(b, settings.backend_spec(catalog, b)) for b in settings.backends]
+        measurement = settings.routing.measured_figures.settings()
+        states = [BackendState.of(b, settings.backend_spec(catalog, b), measurement=measurement)
+                  for b in settings.backends]
         routing: RoutingService | None = None
         kv_events = open_kv_events(settings, states, telemetry, stack)
 

@@ -34,12 +34,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
 
-from dispatch import Dispatcher, Plan, RoutableRequest, Ticket
+from dispatch import BackendMetrics, Dispatcher, Plan, RoutableRequest, Ticket
 from fleet_config.settings import Settings
 from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
@@ -66,6 +66,8 @@ from prefix_index import (
     completion_canonical_bytes,
 )
 from router.calibration import BytesPerToken
+from router.link_factors import MeasurementSettings, measured_link
+from router.links import Interconnect, Link
 from router.policies import Policy
 from router.profiles import GB
 from router.types import Candidate, PdFleet
@@ -151,6 +153,7 @@ class RoutingService:
         self.dispatcher = Dispatcher(index, policy, rng, calibration, block_size_bytes=self.block_bytes,
                                      kv_pool_bytes=kv_pool_bytes, hooks=self, clock=clock, gather=asyncio.gather)
         self.pd_links: PdLinks | None = None
+        self._pd_priced: dict[tuple[str, str], Link] = {}  # P/D links priced at measured figures
         if settings.disaggregated:  # P/D: roles and links; the links' check keeps the unusable set
             self._setup_pd(settings)
         self.index_truth = IndexTruth(self.dispatcher, backends, telemetry, clock, kv_pool=kv_pool_bytes is not None)
@@ -177,14 +180,32 @@ class RoutingService:
                  if p.id != d.id and p.model == d.model and roles[p.id] != "decode" and roles[d.id] != "prefill"]
 
         def unusable(pairs: frozenset[tuple[str, str]]) -> None:
-            self.dispatcher.pd = PdFleet(pd.roles, pd.interconnect, pairs)
+            self.dispatcher.pd = PdFleet(pd.roles, self.dispatcher.pd.interconnect, pairs)  # type: ignore[union-attr]
 
         section = settings.interconnect
         assert section is not None  # disaggregated
         links = self.pd_links = PdLinks(pairs, table, self.telemetry.pd, self.clock, unusable,
                                         {b.id: b.tensor_parallel for b in settings.backends},
                                         section.degraded_ratio, section.probe_interval_s)
-        self.backends.on_scraped = lambda state, previous, current: links.scraped(state.id, previous, current)
+        measurement = settings.routing.measured_figures.settings()
+
+        def scraped(state: BackendState, previous: BackendMetrics, current: BackendMetrics) -> None:
+            links.scraped(state.id, previous, current)
+            self._price_pd_links(table, measurement)
+
+        self.backends.on_scraped = scraped
+
+    def _price_pd_links(self, table: Interconnect, measurement: MeasurementSettings) -> None:
+        """Price each P/D link at its measured bandwidth blended with its configured one, by its transfers
+        (`router.link_factors.measured_link`); the dispatcher's links change only when a blend moves."""
+        pd, links = self.dispatcher.pd, self.pd_links
+        assert pd is not None and links is not None
+        measured = {k: measured_link(r.configured, r.delivered_bytes_per_s, r.transfers, measurement)
+                    for k, r in links.links.items()}
+        priced = {k: link for k, link in measured.items() if link is not links.links[k].configured}
+        if priced != self._pd_priced:
+            self._pd_priced = priced
+            self.dispatcher.pd = PdFleet(pd.roles, replace(table, pairs={**table.pairs, **priced}), pd.unusable)
 
     # -- parsing -------------------------------------------------------------------------
     def parse(self, kind: Kind, raw: bytes) -> ParsedRequest:

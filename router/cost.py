@@ -69,6 +69,9 @@ class BackendSpec:
         overlap_host_load: loads overlap compute (max) or precede it (sum).
         kv_pool_link_gb_s: sustained bandwidth from the fleet-shared KV pool into this backend's
             HBM, GB/s for the whole TP group (``None``: no pool); `kv_pool_link_gb_s` derives it.
+        compute_time_ratio, hbm_time_ratio: measured over profiled seconds of compute and of HBM
+            reads (> 0; 1: the profile): C_eff and the HBM bandwidth are divided by them
+            (`router.link_factors.measured_spec`; the links are measured as ``*_gb_s``).
 
     The derived fields (``c_eff_flops_per_s``, ``link_bytes_per_s``, ``kv_pool_link_bytes_per_s``
     (0 without a pool), ``kappa_hw``,
@@ -83,6 +86,8 @@ class BackendSpec:
     host_link_gb_s: float | None = None
     overlap_host_load: bool = True
     kv_pool_link_gb_s: float | None = None
+    compute_time_ratio: float = 1.0
+    hbm_time_ratio: float = 1.0
     c_eff_flops_per_s: float = field(init=False)
     link_bytes_per_s: float = field(init=False)
     kv_pool_link_bytes_per_s: float = field(init=False)
@@ -99,7 +104,10 @@ class BackendSpec:
             raise ValueError("tensor_parallel must be >= 1")
         if self.kv_pool_link_gb_s is not None and self.kv_pool_link_gb_s <= 0:
             raise ValueError("kv_pool_link_gb_s must be > 0 (or None: no pool)")
-        c_eff = kappa.c_eff_flops_per_s(self.hardware, power_cap_w=self.power_cap_w, tensor_parallel=self.tensor_parallel)
+        if not (self.compute_time_ratio > 0 and self.hbm_time_ratio > 0):
+            raise ValueError("compute_time_ratio and hbm_time_ratio must be > 0")
+        c_eff = kappa.c_eff_flops_per_s(self.hardware, power_cap_w=self.power_cap_w,
+                                        tensor_parallel=self.tensor_parallel) / self.compute_time_ratio
         link = (
             self.host_link_gb_s * GB
             if self.host_link_gb_s is not None
@@ -114,13 +122,15 @@ class BackendSpec:
         cap = self.hardware.tdp_w if self.power_cap_w is None else min(self.power_cap_w, self.hardware.tdp_w)
         object.__setattr__(self, "max_power_w", cap * self.tensor_parallel)
         object.__setattr__(self, "idle_power_w", self.hardware.idle_power_w * self.tensor_parallel)
-        object.__setattr__(self, "hbm_bandwidth_bytes_per_s", self.hardware.hbm_bandwidth_bytes_per_s * self.tensor_parallel)
+        object.__setattr__(self, "hbm_bandwidth_bytes_per_s",
+                           self.hardware.hbm_bandwidth_bytes_per_s * self.tensor_parallel / self.hbm_time_ratio)
 
     def __reduce__(self) -> tuple[type[BackendSpec], tuple[object, ...]]:
         """Pickled as its constructor's arguments (the derived fields are recomputed): a frozen
         class compiled by mypyc (`hot_path`) cannot be unpickled field by field."""
         return (BackendSpec, (self.model, self.hardware, self.power_cap_w, self.tensor_parallel, self.host_link_gb_s,
-                              self.overlap_host_load, self.kv_pool_link_gb_s))
+                              self.overlap_host_load, self.kv_pool_link_gb_s, self.compute_time_ratio,
+                              self.hbm_time_ratio))
 
     def power_w(self, utilisation: float) -> float:
         """Power draw at a utilisation in [0, 1]: idle + (P_max − idle) · u, W."""

@@ -1,60 +1,52 @@
-"""Measured κ_crit of one backend: an online fit of the engine's own prefill times against the cost model.
+"""Measured figures of one backend: an online fit of the engine's own prefill times against the cost model.
 
-**Which quantity.** The *linear* κ_crit at the backend's host link (`router.kappa`,
-Meng, Lee & Wang, arXiv 2601.19910):
+**Model.** For a request's cached tokens by tier and its T, the cost model predicts its compute
+seconds t_c = prefill_flops(K, T) / C_eff, its host-link seconds t_host = host-tier bytes / BW_host,
+its KV-pool-link seconds t_pool = pool bytes / BW_pool and its HBM seconds t_h = (weights + KV
+read) / HBM bandwidth (`router.cost.roofline`, the formula the mock engine steps by too). Loads
+overlap compute (DESIGN.md §3), so its prefill — from the step that first schedules it to its
+first token, vLLM's ``vllm:request_prefill_time_seconds`` — takes
 
-    κ_crit_linear = (F_lin / B_kv) · (BW_host / C_eff)
+    y = max(u · t_c, v_host · t_host + v_pool · t_pool, w · t_h)
 
-the figure the profiles predict as `router.cost.BackendSpec.kappa_crit_linear`, here with C_eff
-and the link bandwidth measured instead of read from the hardware catalog. It is not a
-request's attention-aware κ_crit(T) (`router.cost.CostEstimate.kappa_crossover`), which
-follows from the same two rates and T.
+where u, v_host, v_pool, w — one factor per resource (`router.link_factors.FACTORS`) — are
+measured over predicted seconds: C_eff,measured = C_eff / u, BW_measured = BW / v, and the
+linear κ_crit at each link (`router.kappa`, Meng, Lee & Wang, arXiv 2601.19910)
 
-**Model.** For a request's cached tokens by tier and its T, the cost model predicts its
-compute seconds t_c = prefill_flops(K, T) / C_eff, load seconds t_l = host-tier bytes / BW_host
-+ pool bytes / BW_pool and HBM seconds t_h = (weights + KV read) / HBM bandwidth
-(`router.cost.roofline`, the formula the mock engine steps by too). Loads overlap compute
-(DESIGN.md §3), so its prefill — from the step that first schedules it to its first token,
-vLLM's ``vllm:request_prefill_time_seconds`` — takes
+    κ_crit_linear,measured = κ_crit_linear · u / v_host        (the host link)
+    κ_crit_linear,pool,measured = κ_M · (BW_pool / C_eff) · u / v_pool
 
-    y = max(u · t_c, v · t_l, w · t_h)
+A factor has no unit: a backend whose every second is s times the profile's reads the profile's
+κ_crit. A link no load-bound request crossed has no evidence, and says so (its estimate is None).
 
-where u, v, w are measured over predicted time per FLOP, per loaded byte and per HBM byte:
-C_eff,measured = C_eff / u, BW_measured = BW / v, and
-
-    κ_crit_linear,measured = κ_crit_linear · u / v.
-
-The ratio has no unit: a backend whose every second is s times the profile's reads the profile's κ_crit.
-
-**What is measured.** vLLM exports prefill times only summed, in a histogram observed when
-each request finishes; so each sample is a `PrefillInterval`: the growth of that histogram's
-sum between two scrapes, and the predictions for the requests that finished in between
-(`gateway.backends.kappa_feed` decides which intervals are clean). Engine seconds, so neither the
+**What is measured.** vLLM exports prefill times only summed, in a histogram observed when each
+request finishes; so each sample is a `PrefillInterval`: the growth of that histogram's sum
+between two scrapes, and the predictions for the requests that finished in between
+(`dispatch.prefill_feed` decides which intervals are clean). Engine seconds, so neither the
 network, nor the client-side tokenisation, nor a busy gateway host enter them.
 
-**One load scale for both links.** A request loads over the host link or the fleet's KV pool
-link (`router.cost.kv_pool_link_gb_s`); the fit has one v for both: it takes the profile's
-two link figures to be off by a common factor. That holds where the host link bounds both (on
-a PCIe node the pool link is min(network, host link)). Where the pool link is the network's
-(a GH200 behind NVLink-C2C) and its loads all come from the pool, v measures the pool link
-and the host-link κ_crit follows from the profile's ratio of the two;
-`KappaCritMeasurement.kv_pool_load_requests` says how many load-bound requests were pool loads.
-
-**Estimation.** Each request is put in the class whose term is largest at the current rates;
-an interval's y is then linear in (u, v, w) — Σ over its requests of their class's predicted
-seconds — so a least-squares fit through the origin over the intervals gives the rates
+**Estimation.** Each request is put in the class whose term is largest at the current rates
+(compute, load or HBM); an interval's y is then linear in (u, v_host, v_pool, w) — Σ over its
+requests of their class's predicted seconds, a load-bound request's split over the two links —
+so a least-squares fit through the origin over the intervals gives the rates
 (`router.least_squares`: Huber, then Tukey-biweight reweighting, against intervals slowed by a
 batch the gateway could not see); classes are redrawn with the new rates until they no longer
-change (≤ FIT_ROUNDS). Residuals are relative — each interval is divided by its prediction at
-the current rates — since an interval's noise grows with its length (every step of a long
-prefill also carries the running requests' decodes), and none counts as an outlier for being
-within `RELATIVE_NOISE_FLOOR` (the biweight then drops intervals more than ~4.7% off). Started
-from the profile's rates and from load rates up to 8× off (`START_LOAD_RATES`), the fit with
-the smallest robust residual scale is kept.
+change (≤ FIT_ROUNDS). Residuals are relative — each interval divided by its prediction at the
+current rates — since an interval's noise grows with its length, and none counts as an outlier
+for being within `RELATIVE_NOISE_FLOOR`. Started from the last fit's rates, the profile's and
+load rates up to 32× off (`START_LOAD_RATES`), the fit that explains the most intervals (within
+`CONSENSUS` of their prediction; of equals, the earliest start), is kept: a profile far off
+classifies its load-bound requests as compute-bound at first, and the biweight would otherwise
+drop them as outliers for good. The other starts are tried only while some interval is left out.
 
-**Confidence.** The 95% interval of κ from the weighted least-squares covariance of (u, v)
-by the delta method on log κ (an asymptotic interval: with few load-bound requests it is
-optimistic; the counts are reported beside it).
+**Drift.** Intervals are weighted by exp(−age / τ), age from the newest interval (τ:
+``time_constant_s``, the caller's setting): a backend that slows down, or a link that degrades,
+shows through with that time constant, bounded by the windows kept (`COMPUTE_WINDOW` intervals
+without loads, `LOAD_WINDOW` with: load-bound requests are the scarce kind). `reset` (a restart)
+forgets everything.
+
+**Confidence.** 95% intervals from the weighted least-squares covariance, by the delta method on
+the log (asymptotic: with few requests they are optimistic; the counts are reported beside them).
 """
 
 from __future__ import annotations
@@ -66,23 +58,36 @@ from dataclasses import dataclass, field
 from router import kappa
 from router.cost import BackendSpec, roofline
 from router.least_squares import RobustFit, robust_least_squares
+from router.link_factors import (
+    COMPUTE,
+    DEFAULT_TIME_CONSTANT_S,
+    HBM,
+    HOST,
+    POOL,
+    FactorEstimate,
+    KappaEstimate,
+    LinkFactorEstimates,
+)
 
-INTERVAL_WINDOW = 128  # latest intervals kept (a sliding window: a backend that changes shows through)
-MIN_COMPUTE_REQUESTS = 8  # compute-bound requests among the intervals fitted
-MIN_LOAD_REQUESTS = 2  # load-bound ones: each measures v on its own once u is known; two check each other
+COMPUTE_WINDOW = 128  # latest intervals without a load kept (plentiful: at 1 s scrapes, two minutes)
+LOAD_WINDOW = 64  # latest intervals with a load kept (scarce: they stay longer)
+MIN_REQUESTS = (8, 2, 2, 2)  # per factor (COMPUTE, HOST, POOL, HBM): a load-bound request measures v once u
+# is known, two check each other; compute-bound ones vary more (decodes share their steps)
 FIT_ROUNDS = 6
-# Starting load rates v (u = w = 1): the profile's, and up to 8× off either way; the start whose
-# fit leaves the smallest robust residual scale wins (a profile far off classifies badly at first).
-# The others are tried only when the profile's start gives a fit, and no better than
-# GOOD_FIT_SCALE_RATIO.
-START_LOAD_RATES = (1.0, 0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
+# Starting load rates (u = w = 1): the profile's, and up to 32× off either way (a datasheet peak
+# against a sustained figure is 4×, a link falling back to TCP 30×); the start whose fit leaves the
+# most intervals explained wins (module docstring). The others are tried only while the best so far
+# leaves an interval out, or fits no better than GOOD_FIT_SCALE_RATIO.
+START_LOAD_RATES = (1.0, 0.25, 4.0, 0.125, 8.0, 0.5, 2.0, 16.0, 32.0, 0.0625)
 GOOD_FIT_SCALE_RATIO = 0.05  # robust scale of the relative residuals
+# An interval a fit explains is within this of its prediction: the biweight's limit at the noise floor
+# (4.685 × 1%), the same for every start, so a sloppier fit does not explain more by its wider limit.
+CONSENSUS = 0.047
 # Relative residuals below this are the data's resolution, never outliers (the biweight's limit is
-# then 4.685 × 1%): on the mocks decodes sharing a prefill's steps add 0.1–1%; on a GPU, timing
-# jitter adds more and the residuals' own scale takes over.
+# then 4.685 × 1%): on the mocks decodes sharing a prefill's steps add 0.1–1%.
 RELATIVE_NOISE_FLOOR = 0.01
 Z_95 = 1.959964
-COMPUTE, LOAD, HBM = 0, 1, 2
+COMPUTE_BOUND, LOAD_BOUND, HBM_BOUND = 0, 1, 2  # a request's class
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +122,14 @@ class PrefillPrediction:
         pool_s = pool_bytes / spec.kv_pool_link_bytes_per_s if pool_bytes else 0.0
         return cls(pass_.compute_s, pass_.load_s, pass_.hbm_s, pool_s)
 
-    def seconds(self) -> tuple[float, float, float]:
-        """(t_compute_s, t_load_s, t_hbm_s), indexed by COMPUTE, LOAD, HBM."""
-        return self.t_compute_s, self.t_load_s, self.t_hbm_s
+    @property
+    def t_host_load_s(self) -> float:
+        """The part of ``t_load_s`` over the host link, s."""
+        return max(self.t_load_s - self.kv_pool_load_s, 0.0)
+
+    def columns(self) -> tuple[float, float, float, float]:
+        """Predicted seconds by factor, indexed by COMPUTE, HOST, POOL, HBM."""
+        return self.t_compute_s, self.t_host_load_s, self.kv_pool_load_s, self.t_hbm_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +139,12 @@ class PrefillInterval:
     Attributes:
         prefill_s: their summed measured prefill time, engine seconds (≥ 0).
         requests: the profile's prediction for each of them (non-empty).
+        end_s: when the interval ended, on the caller's clock, s (ages it: module docstring).
     """
 
     prefill_s: float
     requests: tuple[PrefillPrediction, ...]
+    end_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,21 +152,18 @@ class KappaCritMeasurement:
     """The fit's answer (`KappaCritFit.measurement`).
 
     Attributes:
-        kappa_crit_linear: measured linear κ_crit at the host link (module docstring).
-        ci_low, ci_high: its 95% confidence interval (asymptotic, module docstring).
-        compute_time_ratio, load_time_ratio, hbm_time_ratio: u, v, w (measured over predicted
-            seconds; w is None when no request was HBM-bound).
+        factors: one estimate per factor, None where no request gave evidence (`LinkFactorEstimates`).
+        kappa_crit_linear: measured linear κ_crit at the host link with its 95% interval (None
+            without host-link evidence).
+        kappa_crit_linear_kv_pool: the same at the KV-pool link (None without pool evidence).
         intervals: intervals fitted (with non-zero weight).
         compute_requests, load_requests: requests of each class in them.
         kv_pool_load_requests: those load-bound requests that loaded mostly from the KV pool.
     """
 
-    kappa_crit_linear: float
-    ci_low: float
-    ci_high: float
-    compute_time_ratio: float
-    load_time_ratio: float
-    hbm_time_ratio: float | None
+    factors: LinkFactorEstimates
+    kappa_crit_linear: KappaEstimate | None
+    kappa_crit_linear_kv_pool: KappaEstimate | None
     intervals: int
     compute_requests: int
     load_requests: int
@@ -163,110 +172,186 @@ class KappaCritMeasurement:
 
 @dataclass
 class KappaCritFit:
-    """Online fit of one backend's linear κ_crit from its prefill intervals (module docstring).
+    """Online fit of one backend's per-resource factors from its prefill intervals (module docstring).
 
     Args:
-        spec: the backend's profile figures (κ_crit_linear to scale).
+        spec: the backend's profile figures (what the factors are relative to).
+        time_constant_s: τ of the intervals' weights exp(−age / τ), s (> 0).
     """
 
     spec: BackendSpec
-    _intervals: deque[PrefillInterval] = field(default_factory=lambda: deque(maxlen=INTERVAL_WINDOW))
+    time_constant_s: float = DEFAULT_TIME_CONSTANT_S
+    _compute: deque[PrefillInterval] = field(default_factory=lambda: deque(maxlen=COMPUTE_WINDOW))
+    _loads: deque[PrefillInterval] = field(default_factory=lambda: deque(maxlen=LOAD_WINDOW))
     _version: int = 0
     _cached: tuple[int, KappaCritMeasurement | None] = (-1, None)
+    _last_rates: list[float] | None = None
 
     def observe(self, interval: PrefillInterval) -> bool:
         """Keep an interval (returns False, keeping nothing, for an empty or negative one)."""
         if not interval.requests or not 0.0 <= interval.prefill_s < math.inf:
             return False
-        self._intervals.append(interval)
+        loads = any(r.t_load_s > 0 for r in interval.requests)
+        (self._loads if loads else self._compute).append(interval)
         self._version += 1
         return True
+
+    def reset(self) -> None:
+        """Forget every interval (the backend restarted: its figures start again from the profile)."""
+        self._compute.clear()
+        self._loads.clear()
+        self._last_rates = None
+        self._version += 1
+
+    @property
+    def rates(self) -> tuple[float, float, float, float]:
+        """The last fit's factors (COMPUTE, HOST, POOL, HBM; the profile's, 1, before any): what the
+        caller prices the engine's steps at (`dispatch.prefill_schedule`)."""
+        r = self._last_rates
+        return (1.0, 1.0, 1.0, 1.0) if r is None else (r[0], r[1], r[2], r[3])
 
     @property
     def intervals(self) -> int:
         """Intervals held."""
-        return len(self._intervals)
+        return len(self._compute) + len(self._loads)
 
     def kappa_crit(self) -> float | None:
-        """The measured linear κ_crit, or None until enough requests of both kinds were fitted."""
+        """The measured linear κ_crit at the host link, or None until both its factors are measured."""
         m = self.measurement()
-        return None if m is None else m.kappa_crit_linear
+        return None if m is None or m.kappa_crit_linear is None else m.kappa_crit_linear.value
 
     def measurement(self) -> KappaCritMeasurement | None:
-        """The fit over the intervals held (recomputed only after new ones), or None while
-        fewer than MIN_COMPUTE_REQUESTS compute-bound or MIN_LOAD_REQUESTS load-bound requests
-        are in intervals the fit kept."""
+        """The fit over the intervals held (recomputed only after new ones), or None while fewer
+        than MIN_REQUESTS[COMPUTE] compute-bound requests are in intervals the fit kept."""
         if self._cached[0] != self._version:
             self._cached = (self._version, self._fit())
         return self._cached[1]
 
     def _fit(self) -> KappaCritMeasurement | None:
-        intervals = list(self._intervals)
+        intervals = [*self._compute, *self._loads]
         if not intervals:
             return None
-        best = self._fit_from(intervals, [1.0, START_LOAD_RATES[0], 1.0])
-        if best is None:  # too few requests of a class as profiled: other starts would only invent some
-            return None
-        for load_rate in START_LOAD_RATES[1:]:
-            if best[0] <= GOOD_FIT_SCALE_RATIO:
-                break
-            fitted = self._fit_from(intervals, [1.0, load_rate, 1.0])
-            if fitted is not None and fitted[0] < best[0]:
+        newest = max(iv.end_s for iv in intervals)
+        prior = [math.exp(-(newest - iv.end_s) / self.time_constant_s) for iv in intervals]
+        starts = ([list(self._last_rates)] if self._last_rates else []) + [
+            [1.0, v, v, 1.0] for v in START_LOAD_RATES]
+        best: tuple[tuple[int, float], KappaCritMeasurement, list[float]] | None = None
+        for start in starts:
+            fitted = self._fit_from(intervals, prior, start)
+            if fitted is not None and (best is None or fitted[0][0] > best[0][0]):  # ties: the earlier start
                 best = fitted
+            if best is not None and best[0][0] == len(intervals) and -best[0][1] <= GOOD_FIT_SCALE_RATIO:
+                break
+        if best is None:
+            return None
+        # a factor without evidence stays at its start: the profile's 1 is the better guess
+        self._last_rates = [rate if f is not None else 1.0 for rate, f in zip(best[2], best[1].factors, strict=True)]
         return best[1]
 
-    def _fit_from(self, intervals: list[PrefillInterval],
-                  rates: list[float]) -> tuple[float, KappaCritMeasurement] | None:
-        """The fit started from ``rates`` (u, v, w), and its robust residual scale, s."""
+    def _fit_from(self, intervals: list[PrefillInterval], prior: list[float],
+                  rates: list[float]) -> tuple[tuple[int, float], KappaCritMeasurement, list[float]] | None:
+        """The fit started from ``rates`` (u, v_host, v_pool, w), its score (intervals it explains, and
+        its robust residual scale) and its rates."""
         classes: list[list[int]] | None = None
         fit: RobustFit | None = None
-        fit_used: list[int] = []
+        used: list[int] = []
         for _ in range(FIT_ROUNDS):
             new_classes = [[_class(r, rates) for r in iv.requests] for iv in intervals]
             if new_classes == classes:
                 break
             classes = new_classes
-            rows = [[0.0, 0.0, 0.0] for _ in intervals]
-            for row, iv, cls in zip(rows, intervals, classes, strict=True):
-                for r, k in zip(iv.requests, cls, strict=True):
-                    row[k] += r.seconds()[k]
-            used = [k for k in (COMPUTE, LOAD, HBM) if any(row[k] for row in rows)]
-            if COMPUTE not in used or LOAD not in used:
+            rows = [_row(iv, cls) for iv, cls in zip(intervals, classes, strict=True)]
+            used = [k for k in (COMPUTE, HOST, POOL, HBM) if any(row[k] for row in rows)]
+            if COMPUTE not in used:
                 return None
             # relative residuals: an interval's noise grows with its length (decodes share its steps)
             predicted = [sum(rate * x for rate, x in zip(rates, row, strict=True)) for row in rows]
             fit = robust_least_squares([[row[k] / pred for k in used] for row, pred in zip(rows, predicted, strict=True)],
                                        [iv.prefill_s / pred for iv, pred in zip(intervals, predicted, strict=True)],
-                                       min_scale=RELATIVE_NOISE_FLOOR)
+                                       min_scale=RELATIVE_NOISE_FLOOR, prior_weights=prior)
             if fit is None:
                 return None
             for k, rate in zip(used, fit.beta, strict=True):
                 if rate > 0:
                     rates[k] = rate
-            fit_used = used
         if fit is None or classes is None:
             return None
-        kept = [(iv, cls) for iv, cls, w in zip(intervals, classes, fit.weights, strict=True) if w > 0]
-        counts = [sum(cls.count(k) for _, cls in kept) for k in (COMPUTE, LOAD)]
-        if counts[0] < MIN_COMPUTE_REQUESTS or counts[1] < MIN_LOAD_REQUESTS:
+        measurement = self._measurement(intervals, classes, fit, used)
+        if measurement is None:
             return None
-        iu, iv_ = fit_used.index(COMPUTE), fit_used.index(LOAD)
-        u, v = fit.beta[iu], fit.beta[iv_]
-        if u <= 0 or v <= 0:
+        explained = sum(1 for iv, row in zip(intervals, rows, strict=True)
+                        if abs(iv.prefill_s - (p := sum(r * x for r, x in zip(rates, row, strict=True)))) <= CONSENSUS * p)
+        return (explained, -fit.scale), measurement, list(rates)
+
+    def _measurement(self, intervals: list[PrefillInterval], classes: list[list[int]], fit: RobustFit,
+                     used: list[int]) -> KappaCritMeasurement | None:
+        requests = [0, 0, 0, 0]
+        evidence = [0.0, 0.0, 0.0, 0.0]
+        kept = pool_loads = 0
+        by_class = [0, 0, 0]
+        for iv, cls, weight in zip(intervals, classes, fit.weights, strict=True):
+            if weight <= 0:
+                continue
+            kept += 1
+            for r, k in zip(iv.requests, cls, strict=True):
+                by_class[k] += 1
+                for factor in _factors_of(r, k):
+                    requests[factor] += 1
+                    evidence[factor] += weight
+                pool_loads += k == LOAD_BOUND and 2 * r.kv_pool_load_s > r.t_load_s
+        estimates: list[FactorEstimate | None] = [None, None, None, None]
+        for i, k in enumerate(used):
+            rate = fit.beta[i]
+            if rate > 0 and requests[k] >= MIN_REQUESTS[k]:
+                half = Z_95 * math.sqrt(max(fit.cov[i][i], 0.0)) / rate
+                estimates[k] = FactorEstimate(rate, rate * math.exp(-half), rate * math.exp(half), requests[k],
+                                              evidence[k])
+        if estimates[COMPUTE] is None:
             return None
-        var_log = fit.cov[iu][iu] / u**2 + fit.cov[iv_][iv_] / v**2 - 2 * fit.cov[iu][iv_] / (u * v)
-        half = Z_95 * math.sqrt(max(var_log, 0.0))
-        value = self.spec.kappa_crit_linear * u / v
-        pool = sum(1 for iv, cls in kept for r, k in zip(iv.requests, cls, strict=True)
-                   if k == LOAD and 2 * r.kv_pool_load_s > r.t_load_s)
-        return fit.scale, KappaCritMeasurement(
-            kappa_crit_linear=value, ci_low=value * math.exp(-half), ci_high=value * math.exp(half),
-            compute_time_ratio=u, load_time_ratio=v, hbm_time_ratio=fit.beta[fit_used.index(HBM)] if HBM in fit_used
-            else None, intervals=len(kept), compute_requests=counts[0], load_requests=counts[1],
-            kv_pool_load_requests=pool)
+        factors = LinkFactorEstimates(*estimates)
+        spec = self.spec
+        pool_scale = spec.kv_pool_link_bytes_per_s / spec.link_bytes_per_s
+        return KappaCritMeasurement(
+            factors, _kappa(spec.kappa_crit_linear, fit, used, HOST, factors),
+            _kappa(spec.kappa_crit_linear * pool_scale, fit, used, POOL, factors) if pool_scale else None,
+            kept, by_class[COMPUTE_BOUND], by_class[LOAD_BOUND], pool_loads)
+
+
+def _kappa(profile: float, fit: RobustFit, used: list[int], link: int,
+           factors: LinkFactorEstimates) -> KappaEstimate | None:
+    """κ_crit_linear at ``link`` (HOST or POOL): profile · u / v, 95% interval by the delta method on log κ."""
+    u, v = factors[COMPUTE], factors[link]
+    if u is None or v is None:
+        return None
+    iu, iv = used.index(COMPUTE), used.index(link)
+    ru, rv = u.time_ratio, v.time_ratio
+    var_log = fit.cov[iu][iu] / ru**2 + fit.cov[iv][iv] / rv**2 - 2 * fit.cov[iu][iv] / (ru * rv)
+    half = Z_95 * math.sqrt(max(var_log, 0.0))
+    value = profile * ru / rv
+    return KappaEstimate(value, value * math.exp(-half), value * math.exp(half))
+
+
+def _row(interval: PrefillInterval, classes: list[int]) -> list[float]:
+    """The interval's predicted seconds by factor, each request's in its class's factors."""
+    row = [0.0, 0.0, 0.0, 0.0]
+    for r, k in zip(interval.requests, classes, strict=True):
+        columns = r.columns()
+        for factor in _factors_of(r, k):
+            row[factor] += columns[factor]
+    return row
+
+
+def _factors_of(r: PrefillPrediction, k: int) -> tuple[int, ...]:
+    """The factors a request of class ``k`` measures: compute, HBM, or the links it loaded over."""
+    if k == COMPUTE_BOUND:
+        return (COMPUTE,)
+    if k == HBM_BOUND:
+        return (HBM,)
+    return tuple(f for f, s in ((HOST, r.t_host_load_s), (POOL, r.kv_pool_load_s)) if s > 0)
 
 
 def _class(r: PrefillPrediction, rates: list[float]) -> int:
-    """The term that binds this prefill at these rates: COMPUTE, LOAD or HBM."""
-    scaled = [rate * s for rate, s in zip(rates, r.seconds(), strict=True)]
+    """The term that binds this prefill at these rates: COMPUTE_BOUND, LOAD_BOUND or HBM_BOUND."""
+    c, host, pool, h = r.columns()
+    scaled = (rates[COMPUTE] * c, rates[HOST] * host + rates[POOL] * pool, rates[HBM] * h)
     return scaled.index(max(scaled))

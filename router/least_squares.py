@@ -32,7 +32,8 @@ class RobustFit:
     scale: float
 
 
-def robust_least_squares(rows: list[list[float]], ys: list[float], *, min_scale: float = 0.0) -> RobustFit | None:
+def robust_least_squares(rows: list[list[float]], ys: list[float], *, min_scale: float = 0.0,
+                         prior_weights: list[float] | None = None) -> RobustFit | None:
     """Least squares through the origin of ys on rows, made robust in two stages (IRLS).
 
     Huber weights first, from the ordinary least-squares solution: they never reach zero, so a
@@ -47,15 +48,19 @@ def robust_least_squares(rows: list[list[float]], ys: list[float], *, min_scale:
         min_scale: the least residual scale the weights use, in the unit of ``ys`` (≥ 0): the
             data's own resolution, so that residuals below it are never taken for outliers
             however well the other rows fit.
+        prior_weights: a weight in (0, 1] per row that multiplies the robust one (an older
+            observation counting less, `router.kappa_fit`); None: all 1. The returned ``weights``
+            are the products.
 
     Returns the coefficients, their covariance (residual variance × (XᵀWX)⁻¹), the final
     weights and the residuals' robust scale (not floored); None when the system is singular
     or fewer rows than coefficients carry weight.
     """
-    fit = _irls(rows, ys, [1.0] * len(rows), _huber_weights, min_scale)
+    prior = prior_weights or [1.0] * len(rows)
+    fit = _irls(rows, ys, prior, _huber_weights, min_scale, prior)
     if fit is None:
         return None
-    return _irls(rows, ys, fit.weights, _biweight_weights, min_scale)
+    return _irls(rows, ys, fit.weights, _biweight_weights, min_scale, prior)
 
 
 def _huber_weights(residuals: list[float], scale: float) -> list[float]:
@@ -69,7 +74,8 @@ def _biweight_weights(residuals: list[float], scale: float) -> list[float]:
 
 
 def _irls(rows: list[list[float]], ys: list[float], weights: list[float],
-          weigh: Callable[[list[float], float], list[float]], min_scale: float) -> RobustFit | None:
+          weigh: Callable[[list[float], float], list[float]], min_scale: float,
+          prior: list[float]) -> RobustFit | None:
     """Reweighted least squares from ``weights`` with ``weigh`` (residuals, scale → weights)."""
     p = len(rows[0])
     beta: list[float] | None = None
@@ -86,9 +92,9 @@ def _irls(rows: list[list[float]], ys: list[float], weights: list[float],
                      for row, y in zip(rows, ys, strict=True)]
         scale = max(MAD_TO_SD * sorted(abs(r) for r in residuals)[len(residuals) // 2], min_scale)
         if scale <= 1e-12 * max(abs(y) for y in ys):  # (nearly) exact data: every row fits
-            weights = [1.0] * len(rows)
+            weights = list(prior)
         else:
-            weights = weigh(residuals, scale)
+            weights = [p * w for p, w in zip(prior, weigh(residuals, scale), strict=True)]
         converged = beta is not None and all(abs(a - b) <= 1e-9 * max(abs(a), 1e-12) for a, b in zip(new_beta, beta))
         beta = new_beta
         if converged:

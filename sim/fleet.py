@@ -16,13 +16,14 @@ The schema is the one every reader of a fleet file shares (`fleet_config.Setting
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleet_config import Settings
 from mock_vllm.app_factory import engine_config
 from mock_vllm.types import EngineConfig
 from prefix_index import BYTES_PER_TOKEN_ESTIMATE, DEFAULT_BLOCK_SIZE_TOKENS, block_size_bytes
 from router.cost import BackendSpec
+from router.link_factors import MeasurementSettings
 from router.links import NO_INTERCONNECT, Interconnect, Link
 from router.profiles import GB, Catalog
 from router.types import PdFleet
@@ -39,6 +40,9 @@ class SimBackend:
         engine: the engine's settings (host tier bytes, KV block override).
         labels: the config's labels (``role: compute-dense`` marks the high-κ reference).
         kv_role: its P/D role, ``prefill`` | ``decode`` | ``both`` (the config's ``kv_role``).
+        truth: the engine's own spec and settings where they differ from what the router is
+            configured with (`fleet_with_truth`: the hardware is not what its config says); None:
+            the engine runs ``spec`` and ``engine``.
     """
 
     id: str
@@ -47,10 +51,21 @@ class SimBackend:
     engine: EngineConfig = field(default_factory=EngineConfig)
     labels: Mapping[str, str] = field(default_factory=dict)
     kv_role: str = "both"
+    truth: tuple[BackendSpec, EngineConfig] | None = None
 
     @property
     def host_tier_bytes(self) -> float:
         return self.engine.host_tier_bytes
+
+    @property
+    def engine_spec(self) -> BackendSpec:
+        """What the engine runs: the truth's spec, else the configured one."""
+        return self.spec if self.truth is None else self.truth[0]
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings: the truth's, else the configured ones."""
+        return self.engine if self.truth is None else self.truth[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +82,10 @@ class Fleet:
         delivered_links: (prefill id, decode id) → the link a pull really crosses, where it differs
             from the configured one (a link that lies about its bandwidth); the engines' truth.
         unusable_links: (prefill id, decode id) pairs the router must not split over (found broken).
+        measurement: how measured figures move the router's specs (`router.link_factors`; the
+            config's ``routing.measured_figures``). Enabled, each backend's fit is fed as the
+            gateway feeds it (`sim.measure`); disabled, nothing is measured and the router prices
+            the configured specs, as before measurement.
     """
 
     backends: tuple[SimBackend, ...]
@@ -77,6 +96,7 @@ class Fleet:
     interconnect: Interconnect = NO_INTERCONNECT
     delivered_links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
     unusable_links: frozenset[tuple[str, str]] = frozenset()
+    measurement: MeasurementSettings = field(default_factory=MeasurementSettings)
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -122,7 +142,36 @@ def fleet_from_settings(settings: Settings, catalog: Catalog) -> Fleet:
     return Fleet(backends, scrape_interval_s=settings.gateway.scrape_interval_s,
                  block_size_tokens=settings.index.block_size_tokens, bytes_per_token=settings.index.bytes_per_token,
                  kv_pool_bytes=None if pool is None else pool.capacity_gb * GB,
-                 interconnect=settings.interconnect_table())
+                 interconnect=settings.interconnect_table(), measurement=settings.routing.measured_figures.settings())
+
+
+def fleet_with_truth(configured: Fleet, truth: Fleet) -> Fleet:
+    """``configured`` (what the router is told) whose engines run ``truth``'s backends of the same ids
+    (``kappa-gateway sim --fleet-truth``): their specs and engine settings, and the P/D links as
+    ``truth`` has them (`Fleet.delivered_links`). The router's view, its index settings and its
+    measurement settings stay ``configured``'s.
+
+    Raises:
+        ValueError: the two fleets' backend ids differ, or a backend serves another model in ``truth``.
+    """
+    by_id = {b.id: b for b in truth.backends}
+    if set(by_id) != {b.id for b in configured.backends}:
+        raise ValueError(f"the truth fleet's backends {sorted(by_id)} are not the configured fleet's "
+                         f"{sorted(b.id for b in configured.backends)}")
+    backends = []
+    for b in configured.backends:
+        t = by_id[b.id]
+        if t.spec.model != b.spec.model:
+            raise ValueError(f"backend {b.id} serves {t.spec.model.name} in the truth fleet, {b.spec.model.name} "
+                             "in the configured one")
+        backends.append(replace(b, truth=(t.spec, t.engine)))
+    delivered = dict(configured.delivered_links)
+    for p in configured.backends:
+        for d in configured.backends:
+            link = truth.delivered_link(p.id, d.id)
+            if link is not None and link != configured.interconnect.link(p.id, d.id):
+                delivered[(p.id, d.id)] = link
+    return replace(configured, backends=tuple(backends), delivered_links=delivered)
 
 
 def high_kappa_threshold(backends: Sequence[SimBackend]) -> float:

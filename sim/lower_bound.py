@@ -49,7 +49,7 @@ def lower_bound_ttfts(requests: Sequence[TraceRequest], backends: Sequence[SimBa
     """
     if not backends:
         raise ValueError("the lower bound needs at least one backend")
-    specs = [b.spec for b in backends]
+    specs = [b.engine_spec for b in backends]  # the engines' own (a truth fleet's, `sim.fleet.fleet_with_truth`)
     out = []
     for req, shared in zip(requests, shareable_prefix_tokens(requests), strict=True):
         cached = min(shared, max(req.input_tokens - 1, 0))

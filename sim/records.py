@@ -6,7 +6,7 @@ Kept apart from `sim.simulator` (which re-exports them) so the event loop stays 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from router.types import BackendView, Decision, RequestFeatures
@@ -82,6 +82,8 @@ class SimResult:
         energy_j: joules per backend id over [start_s, end_s], idle included.
         backends: the fleet's backends, in config order.
         wall_s: wall-clock seconds the run took.
+        measured: per backend id, what its fit measured by the end (`sim.measure.measured_figures`;
+            empty when the fleet's measurement is disabled).
     """
 
     policy: str
@@ -92,6 +94,7 @@ class SimResult:
     energy_j: dict[str, float]
     backends: tuple[SimBackend, ...]
     wall_s: float
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def run_now(coro: Coroutine[Any, Any, T]) -> T:

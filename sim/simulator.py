@@ -59,7 +59,9 @@ from prefix_index import MemoryPrefixIndex
 from router.capacity import kv_block_bytes
 from router.policies import Policy
 from router.types import BackendView, Decision, RequestFeatures
+from router.link_factors import MeasurementSettings
 from sim.fleet import Fleet, SimBackend
+from sim.measure import PrefillClock, Sent, measured_figures
 from sim.pd import SplitRunner
 from sim.prompts import PreparedRequest, token_ids
 from sim.records import DecisionEvent, DecisionObserver, RequestRecord, SimResult, run_now
@@ -68,44 +70,54 @@ from sim.replicas import Replica, Spreader, Topology, build_replicas, sync_peers
 __all__ = ["DecisionEvent", "DecisionObserver", "RequestRecord", "SimResult", "Simulator", "run_now", "simulate"]
 
 class _Engine:
-    """One backend's engine, its step in progress and when it got its first request."""
+    """One backend's engine (its truth's, `sim.fleet.SimBackend.engine_spec`), its step in progress,
+    when it got its first request and, when measuring, its prefill-time histogram."""
 
-    __slots__ = ("engine", "config", "step", "first_add_s")
+    __slots__ = ("engine", "config", "step", "first_add_s", "prefill_clock")
 
-    def __init__(self, config: SimBackend, kv_pool: SharedKVPool | None = None) -> None:
-        self.engine = MockEngine(config.spec, config.engine, kv_pool)
+    def __init__(self, config: SimBackend, kv_pool: SharedKVPool | None = None, *, measure: bool = False) -> None:
+        self.engine = MockEngine(config.engine_spec, config.engine_config, kv_pool)
         self.config = config
         self.step: StepResult | None = None
         self.first_add_s: float | None = None
+        self.prefill_clock = PrefillClock() if measure else None
 
 
 class _Backend(Target):
     """What one gateway replica knows of one engine (a `dispatch.Target`)."""
 
-    def __init__(self, engine: _Engine) -> None:
+    def __init__(self, engine: _Engine, measurement: MeasurementSettings) -> None:
         config, stats = engine.config, engine.engine.stats
         super().__init__(config.id, config.spec, host_tier_bytes=config.host_tier_bytes,
                          num_gpu_blocks_override=config.engine.num_gpu_blocks_override,
                          metrics=BackendMetrics(block_size_tokens=engine.engine.block_size,
-                                                num_gpu_blocks=stats.num_gpu_blocks))
+                                                num_gpu_blocks=stats.num_gpu_blocks), measurement=measurement)
         self.source = engine
 
-    def scrape(self) -> None:
-        """What a scrape of vLLM's /metrics would read now."""
-        stats = self.source.engine.stats
-        self.scraped(replace(self.metrics, num_requests_waiting=stats.num_requests_waiting,
-                             num_requests_running=stats.num_requests_running,
-                             kv_cache_usage_ratio=stats.kv_cache_usage_ratio))
+    def scrape(self, now: float) -> None:
+        """What a scrape of vLLM's /metrics would read now; when measuring, the fit's interval closes."""
+        stats, clock = self.source.engine.stats, self.source.prefill_clock
+        metrics = replace(self.metrics, num_requests_waiting=stats.num_requests_waiting,
+                          num_requests_running=stats.num_requests_running,
+                          kv_cache_usage_ratio=stats.kv_cache_usage_ratio)
+        if clock is not None:
+            metrics = replace(metrics, prefill_time_count=clock.count, prefill_time_sum_s=clock.sum_s,
+                              kv_loaded_tokens_total=float(stats.prompt_tokens_by_source["external_kv_transfer"]))
+        self.scraped(metrics)
+        if clock is not None:
+            self.measure(metrics, now)
 
 
 class _Active:
     """A request between decision and finish: its record, its ticket, what calibration needs,
     and the replica that routed it (which records its chain and calibrates from it)."""
 
-    __slots__ = ("record", "ticket", "request", "replica")
+    __slots__ = ("record", "ticket", "request", "replica", "sent")
 
-    def __init__(self, record: RequestRecord, ticket: Ticket, request: RoutableRequest, replica: Replica) -> None:
+    def __init__(self, record: RequestRecord, ticket: Ticket, request: RoutableRequest, replica: Replica,
+                 sent: Sent | None = None) -> None:
         self.record, self.ticket, self.request, self.replica = record, ticket, request, replica
+        self.sent = sent  # followed for the fit (measuring, not split)
 
 
 class Simulator:
@@ -143,11 +155,12 @@ class Simulator:
         # The KV store the backends share, sized in the engines' blocks (as the mock fleet does).
         self._kv_pool = None if fleet.kv_pool_bytes is None else SharedKVPool.with_capacity(
             fleet.kv_pool_bytes, kv_block_bytes(served[0].spec, served[0].engine.block_size_tokens))
-        self._engines = [_Engine(b, self._kv_pool) for b in served]
+        self._measuring = fleet.measurement.enabled
+        self._engines = [_Engine(b, self._kv_pool, measure=self._measuring) for b in served]
         self._position = {e.config.id: i for i, e in enumerate(self._engines)}
         self.topology = topology
         self._replicas = build_replicas(topology, MemoryPrefixIndex(), policy, seed,
-                                        make_targets=lambda: [_Backend(e) for e in self._engines],
+                                        make_targets=lambda: [_Backend(e, fleet.measurement) for e in self._engines],
                                         bytes_per_token=fleet.bytes_per_token,
                                         block_size_bytes=fleet.block_size_bytes, kv_pool_bytes=fleet.kv_pool_bytes)
         self._targets = [t for r in self._replicas for t in r.targets]  # every view, scraped together
@@ -172,7 +185,7 @@ class Simulator:
         t0 = reqs[0].arrival_s if reqs else 0.0
         self._t0 = self._next_sync_s = t0
         interval = self.fleet.scrape_interval_s
-        self._scrape_all()
+        self._scrape_all(t0)
         next_scrape = t0 + interval
         steps: list[tuple[float, int]] = []  # (end_s, backend position): at most one per backend
         held: deque[PreparedRequest] = deque()  # arrived, waiting client-side for a free slot
@@ -187,7 +200,7 @@ class Simulator:
             if pull_s is not None and pull_s < now:
                 now = pull_s
             if next_scrape < now:  # nothing happened since that scrape time: the state is as it was
-                self._scrape_all()
+                self._scrape_all(next_scrape)
                 next_scrape = _next_grid_point(t0, interval, now)
             kick: list[int] = []
             while steps and steps[0][0] == now:
@@ -195,7 +208,7 @@ class Simulator:
                 self._step_end(self._engines[pos], now)
                 kick.append(pos)
             if next_scrape == now:
-                self._scrape_all()
+                self._scrape_all(now)
                 next_scrape += interval
             self._apply_records(now)
             if pull_s == now:
@@ -216,18 +229,23 @@ class Simulator:
                 if b.step is None and b.engine.has_unfinished():
                     b.step = b.engine.step(now)
                     heapq.heappush(steps, (b.step.end_s, pos))
+        return self._result(t0, started)
+
+    def _result(self, t0: float, started: float) -> SimResult:
+        """The run's result (energy: every backend powered from the first arrival to the last finish)."""
         end = max((r.finish_s for r in self._records.values() if r.finish_s is not None), default=t0)
         energy = {}
         for b in self._engines:
-            idle_before = b.config.spec.idle_power_w * ((b.first_add_s if b.first_add_s is not None else end) - t0)
+            idle_before = b.config.engine_spec.idle_power_w * ((b.first_add_s if b.first_add_s is not None else end) - t0)
             energy[b.config.id] = b.engine.energy_j(end) + idle_before
         records = [self._records[k] for k in sorted(self._records)]
         return SimResult(self.policy.name, records, self._rejected, t0, end, energy,
-                         tuple(b.config for b in self._engines), time.perf_counter() - started)
+                         tuple(b.config for b in self._engines), time.perf_counter() - started,
+                         measured_figures(self._replicas[0].targets) if self._measuring else {})
 
-    def _scrape_all(self) -> None:
+    def _scrape_all(self, now: float) -> None:
         for target in self._targets:
-            target.scrape()  # type: ignore[attr-defined]  # every target here is a _Backend
+            target.scrape(now)  # type: ignore[attr-defined]  # every target here is a _Backend
 
     def _record(self, replica: Replica, target: Target, hashes: Sequence[int], now: float, *,
                 holders: Literal["both", "backend", "kv_pool"]) -> None:
@@ -283,7 +301,8 @@ class Simulator:
             self._rejected.append(req.index)
             return None
         self._records[req.index] = record
-        self._active[rid] = _Active(record, ticket, request, replica)
+        sent = Sent(replica.by_id[cand.backend_id], cand, now) if self._measuring and leg is None else None
+        self._active[rid] = _Active(record, ticket, request, replica, sent)
         if self.topology.record_at_decision:
             for backend_id in {cand.backend_id, first.backend_id}:
                 self._record(replica, replica.by_id[backend_id], request.hashes, now, holders="backend")
@@ -301,6 +320,8 @@ class Simulator:
         step, b.step = b.step, None
         assert step is not None
         for out in step.outputs:
+            if b.prefill_clock is not None:
+                b.prefill_clock.output(out, now)
             act = self._active.get(out.request_id)
             if act is None:  # a split's prefill half (`sim.pd`)
                 self._splits.prefill_done(out, now)
@@ -313,11 +334,17 @@ class Simulator:
                     record.cached_host_tokens = out.cached_host_tokens
                     record.cached_kv_pool_tokens = out.cached_kv_pool_tokens
                 act.ticket.first_byte()
+                if act.sent is not None:
+                    act.sent.first_token(now)
                 self._record(act.replica, act.replica.by_id[b.config.id], act.request.hashes, now,
                              holders="kv_pool" if self.topology.record_at_decision else "both")
             if out.finished:
                 record.finish_s = now
                 act.ticket.finish()
+                if act.sent is not None:
+                    act.sent.finished(out, now)
+                elif self._measuring:  # a split: no prediction, its interval is not attributed (as live)
+                    act.replica.by_id[b.config.id].figures.feed.completed_request(-1, None, now)
                 act.replica.dispatch.observe_prompt_tokens(self.model, act.request.prompt_bytes, out.prompt_tokens)
                 del self._active[out.request_id]
 

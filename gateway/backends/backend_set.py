@@ -16,7 +16,8 @@ restarted with an empty cache and the index forgets it (`gateway.backends.index_
 matter where the start time is missing: vLLM serving with several API server processes
 exports its metrics in Prometheus' multiprocess mode, which has no ``process_*`` series.
 A restart no scrape saw (one with nothing to compare) is caught from usage instead.
-Each scrape also closes an interval of the backend's prefill times for its κ_crit fit (`gateway.backends.kappa_feed`).
+Each scrape also closes an interval of the backend's prefill times for its fit, which moves the
+spec it is routed on (`dispatch.measured`); a restart resets that to the profile.
 
 Each backend's state is a `gateway.backends.backend_state.BackendState`. The probes' aiohttp
 errors are mapped at the upstream seam (`gateway.upstream.errors.mapped_errors`): any failure,
@@ -138,7 +139,7 @@ class BackendSet:
         """Scrape ``state`` off the regular period, as soon as EXTRA_SCRAPE_MIN_GAP_S has passed since
         its last scrape began: the κ_crit fit asks for it when a request ends that its interval
         could not attribute, or a load-bound one, so that the requests finishing after it fall in
-        a fresh interval (`gateway.backends.kappa_feed`). A request inside the gap is deferred to its end,
+        a fresh interval (`dispatch.prefill_feed`). A request inside the gap is deferred to its end,
         not dropped (dropped, it left a load-bound request's interval open until the next regular
         scrape, for others to spoil); one scrape is due per backend at a time, and it is skipped
         when another scrape of the backend began after it was asked for. Does nothing before
@@ -232,14 +233,28 @@ class BackendSet:
         state.scraped(metrics)
         if self.on_scraped is not None:
             self.on_scraped(state, previous, metrics)
-        interval = state.prefill_feed.scraped(metrics.prefill_time_count, metrics.prefill_time_sum_s)
-        if interval is not None and state.kappa_fit.observe(interval):
-            self._telemetry.set_kappa_fit(state.id, state.kappa_fit.measurement())
         if _restarted(previous, metrics):
-            log.warning("backend %s restarted (process start time or counters reset): forgetting its index entries",
-                        state.id)
+            log.warning("backend %s restarted (process start time or counters reset): forgetting its index entries "
+                        "and its measured figures", state.id)
+            state.restarted()
             state.model_checked = False
             await self._on_restart(state.id)
+        self._measured(state, metrics)
+
+    def _measured(self, state: BackendState, metrics: BackendMetrics) -> None:
+        """The scrape closes the backend's fit interval (`dispatch.measured`); a factor newly found beyond
+        its profile by more than ``deviation_ratio`` is logged once per backend and factor."""
+        observed = state.figures.observed
+        if state.measure(metrics, asyncio.get_running_loop().time()):
+            log.info("backend %s is routed on measured figures now: %s (time ratios, 1 = its profile)", state.id,
+                     ", ".join(f"{k} {v:.3g}" for k, v in state.figures.factors._asdict().items()))
+        if state.figures.observed == observed:
+            return
+        self._telemetry.set_kappa_fit(state.id, state.figures.measurement())
+        for factor, ratio in state.figures.new_deviations().items():
+            log.warning("backend %s: its %s takes %.3g× the time its profile says (measured from its own prefill "
+                        "times; 95%% interval beyond %.3g×): compute κ_crit from measured sustained figures, not the "
+                        "datasheet's", state.id, factor, ratio, state.figures.settings.deviation_ratio)
 
 
 def _restarted(previous: BackendMetrics, current: BackendMetrics) -> bool:

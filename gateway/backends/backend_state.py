@@ -2,9 +2,10 @@
 
 The `dispatch.Target` part (its spec, last scrape and ledger) is what the routing pipeline
 reads; the rest is the edge's: its config entry, health (in rotation or not, and the
-active-check and outlier counters behind it, `gateway.backends.outlier`), and its
-measured κ_crit fit with the requests that feed it (`gateway.backends.kappa_feed`). The backend
-set (`gateway.backends.backend_set`) and the tickets are the only writers.
+active-check and outlier counters behind it, `gateway.backends.outlier`). Its measured figures
+(the fit, the requests that feed it, the spec routing uses) are the `dispatch.Target`'s
+(`dispatch.measured`). The backend set (`gateway.backends.backend_set`) and the tickets are the
+only writers.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from dataclasses import dataclass, field
 
 from dispatch import Target
 from fleet_config.settings import BackendEntry
-from gateway.backends.kappa_feed import PrefillFeed
+from dispatch.prefill_feed import PrefillFeed
 from gateway.backends.outlier import OutlierRecord
 from router.cost import BackendSpec
 from router.kappa_fit import KappaCritFit
+from router.link_factors import MeasurementSettings
 from router.profiles import GB
 
 
@@ -34,8 +36,6 @@ class BackendState(Target):
     model_checked: bool = field(default=False, kw_only=True)  # /v1/models listed the configured model
     serves_other_model: bool = field(default=False, kw_only=True)  # /v1/models did not: never routed to
     outlier: OutlierRecord = field(default_factory=OutlierRecord, kw_only=True, repr=False)
-    kappa_fit: KappaCritFit = field(init=False)  # measured κ_crit (router.kappa_fit)
-    prefill_feed: PrefillFeed = field(default_factory=PrefillFeed, kw_only=True, repr=False)  # its samples
     scrape_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True, repr=False)  # one scrape at a time
     last_scrape_s: float = field(default=-math.inf, kw_only=True)  # loop time the last scrape began
     down_signal: asyncio.Future[str] | None = field(default=None, kw_only=True, repr=False)
@@ -44,12 +44,25 @@ class BackendState(Target):
     check_error: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        self.kappa_fit = KappaCritFit(self.spec)
+        super().__post_init__()
         if self.healthy:  # built in rotation (tests, benches): as if it had passed its checks
             self.outlier.hc_healthy = self.outlier.ever_healthy = True
 
+    @property
+    def kappa_fit(self) -> KappaCritFit:
+        """Its measured figures' fit (`router.kappa_fit`)."""
+        return self.figures.fit
+
+    @property
+    def prefill_feed(self) -> PrefillFeed:
+        """The requests and intervals that feed it (`dispatch.prefill_feed`)."""
+        return self.figures.feed
+
     @classmethod
-    def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False) -> BackendState:
-        """The state of a configured backend (its host tier and KV block override from ``entry``)."""
+    def of(cls, entry: BackendEntry, spec: BackendSpec, *, healthy: bool = False,
+           measurement: MeasurementSettings | None = None) -> BackendState:
+        """The state of a configured backend (its host tier and KV block override from ``entry``;
+        ``measurement``: the config's ``routing.measured_figures``, default its defaults)."""
         return cls(entry.id, spec, host_tier_bytes=entry.host_tier_gb * GB,
-                   num_gpu_blocks_override=entry.num_gpu_blocks_override, entry=entry, healthy=healthy)
+                   num_gpu_blocks_override=entry.num_gpu_blocks_override,
+                   measurement=measurement or MeasurementSettings(), entry=entry, healthy=healthy)

@@ -33,6 +33,7 @@ SAMPLES_READ = frozenset({
     "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total", "vllm:request_success_total",
     "vllm:request_prefill_time_seconds_count", "vllm:request_prefill_time_seconds_sum",
+    "vllm:prompt_tokens_by_source_total",  # its external_kv_transfer source: tokens loaded (dispatch.tier_check)
     # P/D: the KV connector's pulls (vLLM's NixlConnector metrics; gateway.backends.pd_links)
     "vllm:nixl_xfer_time_seconds_count", "vllm:nixl_xfer_time_seconds_sum", "vllm:nixl_bytes_transferred_sum",
     "vllm:nixl_num_failed_transfers_total",
@@ -60,7 +61,7 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
     queries = hits = prompt = generation = succeeded = 0.0
     prefill_count: float | None = None
     prefill_sum = 0.0
-    xfer: dict[str, float] = {}  # the KV connector's samples (P/D), by name
+    xfer: dict[str, float] = {}  # the KV connector's samples (P/D) and the tokens it loaded, by name
     for family in families:
         for sample in family.samples:
             name = sample.name
@@ -89,7 +90,7 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
                 prefill_count = (prefill_count or 0.0) + sample.value
             elif name == "vllm:request_prefill_time_seconds_sum":
                 prefill_sum += sample.value
-            elif name.startswith("vllm:nixl_"):
+            elif name.startswith("vllm:nixl_") or sample.labels.get("source") == "external_kv_transfer":
                 xfer[name] = xfer.get(name, 0.0) + sample.value
     return BackendMetrics(
         num_requests_waiting=int(waiting),
@@ -105,6 +106,7 @@ def read_families(families: Iterable[Metric]) -> BackendMetrics:
         requests_succeeded_total=succeeded,
         prefill_time_count=prefill_count,
         prefill_time_sum_s=prefill_sum,
+        kv_loaded_tokens_total=xfer.get("vllm:prompt_tokens_by_source_total"),
         kv_transfer_count=xfer.get("vllm:nixl_xfer_time_seconds_count"),
         kv_transfer_seconds_total=xfer.get("vllm:nixl_xfer_time_seconds_sum", 0.0),
         kv_transfer_bytes_total=xfer.get("vllm:nixl_bytes_transferred_sum", 0.0),

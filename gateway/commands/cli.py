@@ -132,10 +132,12 @@ def sim_cmd(
     index_lag_ms: Annotated[float, typer.Option("--index-lag-ms", min=0.0, help="ms from a record to its chain being visible in the shared index (a Redis write's round trip)")] = 1.0,
     balancer: Annotated[str, typer.Option("--balancer", help="round-robin | random: how requests reach the replicas")] = "round-robin",
     client_concurrency: Annotated[int | None, typer.Option("--client-concurrency", min=1, help="most requests in flight, later arrivals wait client-side (as replay --concurrency; latencies from the send)")] = None,
+    fleet_truth: Annotated[Path | None, typer.Option("--fleet-truth", exists=True, dir_okay=False, help="the engines run this fleet's backends (same ids), the router is told --fleet and measures: uncorrected, corrected and routed-on-truth runs per policy")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Compare routing policies on a trace and fleet in virtual time (the real router and index, mock engines)."""
-    from gateway.commands.sim_command import print_sim_report, run_sim
+    from gateway.commands.sim_command import load_requests, print_sim_report, run_sim
+    from gateway.commands.sim_truth import print_truth_report, run_truth_sim
 
     if rate_scale <= 0:
         raise typer.BadParameter(f"must be > 0, got {rate_scale}", param_hint="--rate-scale")
@@ -151,6 +153,11 @@ def sim_cmd(
         raise typer.BadParameter(f"{balancer!r}: one of round-robin, random", param_hint="--balancer")
     topology = Topology(gateway_replicas, replica_state, index_lag_ms / 1000, balancer)  # type: ignore[arg-type]
     try:
+        if fleet_truth is not None:
+            load_config(fleet_truth)
+            report = run_truth_sim(load_requests(trace, workload, limit, seed), fleet, fleet_truth, names,
+                                   rate_scale=rate_scale, seed=seed, kv_pool_gb=kv_pool_gb, workers=1)
+            return typer.echo(json.dumps(report, indent=2)) if as_json else print_truth_report(report, Console())
         report = run_sim(trace, workload, fleet, names, limit, rate_scale, seed, kv_pool_gb=kv_pool_gb,
                          client_concurrency=client_concurrency,
                          topology=topology)

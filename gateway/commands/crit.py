@@ -18,12 +18,15 @@ Two kinds of row (names as in `router.kappa`'s glossary):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from fleet_config import Settings
+from fleet_config.settings import BackendEntry
+from gateway.commands.crit_measured import as_measured
 from router import kappa
-from router.cost import RequestShape, predict
+from router.cost import BackendSpec, RequestShape, predict
+from router.link_factors import FACTORS, LinkFactorEstimates, measured_spec
 from router.profiles import GB, TERA, Catalog
 
 
@@ -66,7 +69,9 @@ class BackendCritRow:
     """One backend of a fleet config and one request shape on it (tokens; GB/s; TFLOP/s).
 
     ``kappa_ratio`` (K/T), ``kappa_ratio_loaded`` (K_loaded/T), ``kappa_crit`` (``math.inf``:
-    never) and ``regime`` are `router.cost.CostEstimate`'s for this shape.
+    never) and ``regime`` are `router.cost.CostEstimate`'s for this shape. ``source``: ``profile`` (the
+    config's figures) or ``measured`` (the gateway's measured factors applied to them,
+    `gateway.commands.crit_measured`; ``measured`` names the factors that had evidence).
     """
 
     backend: str
@@ -86,6 +91,8 @@ class BackendCritRow:
     kappa_ratio_loaded: float
     kappa_crit: float
     regime: str
+    source: str = "profile"
+    measured: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, float | str | int | None]:
         """JSON-ready: ``kappa_crit`` null where never transfer-bound."""
@@ -149,8 +156,10 @@ def backend_crit_rows(
     cached_hbm_tokens: int = 0,
     cached_host_tokens: int = 0,
     cached_kv_pool_tokens: int = 0,
+    measured: Mapping[str, LinkFactorEstimates] | None = None,
 ) -> list[BackendCritRow]:
-    """One row per requested backend id (``all`` or empty: every backend), for one request shape.
+    """One row per requested backend id (``all`` or empty: every backend), for one request shape; with
+    ``measured`` (backend id → its measured factors), a ``measured`` row after each backend that has some.
 
     Raises:
         KeyError: an id the config does not have.
@@ -162,16 +171,27 @@ def backend_crit_rows(
         if backend_id not in by_id:
             raise KeyError(f"unknown backend {backend_id!r} (the config has {', '.join(by_id)})")
         entry = by_id[backend_id]
-        spec = settings.backend_spec(catalog, entry)
-        est = predict(RequestShape(cached_hbm_tokens, cached_host_tokens, uncached_prompt_tokens, 1,
-                                   cached_kv_pool_tokens), spec)
-        rows.append(BackendCritRow(
-            backend=backend_id, model=entry.model, hardware=entry.hardware, tensor_parallel=entry.tensor_parallel,
-            link_gb_s=spec.link_bytes_per_s / GB, kv_pool_link_gb_s=spec.kv_pool_link_bytes_per_s / GB or None,
-            c_eff_tflops=spec.c_eff_flops_per_s / TERA, kappa_hw=spec.kappa_hw,
-            kappa_crit_linear=spec.kappa_crit_linear, uncached_prompt_tokens=uncached_prompt_tokens,
-            cached_hbm_tokens=cached_hbm_tokens, cached_host_tokens=cached_host_tokens,
-            cached_kv_pool_tokens=cached_kv_pool_tokens, kappa_ratio=est.kappa_ratio,
-            kappa_ratio_loaded=est.kappa_ratio_loaded, kappa_crit=est.kappa_crit, regime=est.regime.value,
-        ))
+        profile = settings.backend_spec(catalog, entry)
+        found = (measured or {}).get(backend_id)
+        names = () if found is None else tuple(n for n, e in zip(FACTORS, found, strict=True) if e is not None)
+        for spec, source in [(profile, "profile")] + ([(measured_spec(profile, as_measured(found)), "measured")]
+                                                     if names and found is not None else []):
+            rows.append(_row(backend_id, entry, spec, source, names, uncached_prompt_tokens, cached_hbm_tokens,
+                             cached_host_tokens, cached_kv_pool_tokens))
     return rows
+
+
+def _row(backend_id: str, entry: BackendEntry, spec: BackendSpec, source: str, names: tuple[str, ...],
+         uncached_prompt_tokens: int, cached_hbm_tokens: int, cached_host_tokens: int,
+         cached_kv_pool_tokens: int) -> BackendCritRow:
+    est = predict(RequestShape(cached_hbm_tokens, cached_host_tokens, uncached_prompt_tokens, 1,
+                               cached_kv_pool_tokens), spec)
+    return BackendCritRow(
+        backend=backend_id, model=entry.model, hardware=entry.hardware, tensor_parallel=entry.tensor_parallel,
+        link_gb_s=spec.link_bytes_per_s / GB, kv_pool_link_gb_s=spec.kv_pool_link_bytes_per_s / GB or None,
+        c_eff_tflops=spec.c_eff_flops_per_s / TERA, kappa_hw=spec.kappa_hw,
+        kappa_crit_linear=spec.kappa_crit_linear, uncached_prompt_tokens=uncached_prompt_tokens,
+        cached_hbm_tokens=cached_hbm_tokens, cached_host_tokens=cached_host_tokens,
+        cached_kv_pool_tokens=cached_kv_pool_tokens, kappa_ratio=est.kappa_ratio,
+        kappa_ratio_loaded=est.kappa_ratio_loaded, kappa_crit=est.kappa_crit, regime=est.regime.value,
+        source=source, measured=names if source == "measured" else ())

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from fleet_config.catalog import default_catalog
 from gateway.commands.crit import BackendCritRow, CritRow, backend_crit_rows, crit_rows
+from gateway.commands.crit_measured import deviation_lines, estimates, load_measured
 from gateway.commands.typer_app import app, load_config
 from router.errors import ProfileError
 
@@ -57,11 +58,38 @@ def _print_backend_rows(rows: list[BackendCritRow]) -> None:
                 "κ_ratio_loaded", "κ_crit", "regime"):
         table.add_column(col, justify="left" if col in ("backend", "hardware", "regime") else "right", no_wrap=True)
     for r in rows:
-        table.add_row(r.backend, f"{r.hardware} x{r.tensor_parallel}", f"{r.link_gb_s:.0f}",
+        name = r.backend if r.source == "profile" else f"  measured ({', '.join(r.measured)})"
+        table.add_row(name, f"{r.hardware} x{r.tensor_parallel}", f"{r.link_gb_s:.0f}",
                       "–" if r.kv_pool_link_gb_s is None else f"{r.kv_pool_link_gb_s:.0f}", f"{r.c_eff_tflops:.0f}",
                       _fmt_crit(r.kappa_crit_linear), f"{r.kappa_ratio:.4g}", f"{r.kappa_ratio_loaded:.4g}",
                       _fmt_crit(r.kappa_crit), r.regime)
     Console(width=max(Console().width, 150)).print(table)
+
+
+def _backend_crit(config: Path, backend: list[str], measured: str | None, shape: tuple[int, int, int, int],
+                  as_json: bool) -> None:
+    """``crit --backend``: rows from the config (and the measured figures), printed or as JSON."""
+    settings = load_config(config)
+    uncached, hbm, host, kv_pool = shape
+    try:
+        found = None if measured is None else {k: estimates(v) for k, v in load_measured(measured).items()}
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--measured") from exc
+    try:
+        rows = backend_crit_rows(settings, default_catalog(), backend, uncached_prompt_tokens=uncached,
+                                 cached_hbm_tokens=hbm, cached_host_tokens=host, cached_kv_pool_tokens=kv_pool,
+                                 measured=found)
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc).strip("'\""), param_hint="--backend") from exc
+    if as_json:
+        typer.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        return
+    _print_backend_rows(rows)
+    ratio = settings.routing.measured_figures.deviation_ratio
+    for backend_id, factors in (found or {}).items():
+        for line in deviation_lines(backend_id, factors, ratio):
+            typer.echo(line)
+    typer.echo(FOOTNOTE)
 
 
 @app.command()
@@ -77,6 +105,7 @@ def crit(
     cached_hbm_tokens: Annotated[int, typer.Option("--cached-hbm-tokens", min=0, help="with --backend: K already in HBM (read in place)")] = 0,
     cached_host_tokens: Annotated[int, typer.Option("--cached-host-tokens", min=0, help="with --backend: K in the host tier (loaded over the host link)")] = 0,
     cached_kv_pool_tokens: Annotated[int, typer.Option("--cached-kv-pool-tokens", min=0, help="with --backend: K only in the fleet's KV pool (loaded over the pool link)")] = 0,
+    measured: Annotated[str | None, typer.Option("--measured", help="with --backend: a gateway URL (its /v1/kappa/backends) or a saved copy of that JSON: each backend's measured figures beside its profile's")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
 ) -> None:
     """κ_crit for models × hardware, or for a request on backends of a fleet config: above it, a
@@ -92,20 +121,11 @@ def crit(
         if model != ["all"] or hardware != ["all"] or any(v is not None for v in (kappa_hw, link_gbps, c_eff_tflops)):
             raise typer.BadParameter("--backend reads model and links from --config: drop -m/-w/--kappa-hw/"
                                      "--link-gbps/--c-eff-tflops")
-        settings = load_config(config)
-        try:
-            backend_rows = backend_crit_rows(
-                settings, default_catalog(), backend, uncached_prompt_tokens=uncached_prompt_tokens,
-                cached_hbm_tokens=cached_hbm_tokens, cached_host_tokens=cached_host_tokens,
-                cached_kv_pool_tokens=cached_kv_pool_tokens)
-        except (KeyError, ValueError) as exc:
-            raise typer.BadParameter(str(exc).strip("'\""), param_hint="--backend") from exc
-        if as_json:
-            typer.echo(json.dumps([r.as_dict() for r in backend_rows], indent=2))
-            return
-        _print_backend_rows(backend_rows)
-        typer.echo(FOOTNOTE)
+        _backend_crit(config, backend, measured, (uncached_prompt_tokens, cached_hbm_tokens, cached_host_tokens,
+                                                  cached_kv_pool_tokens), as_json)
         return
+    if measured is not None:
+        raise typer.BadParameter("--measured needs --backend (the figures are a configured backend's)")
     if cached_hbm_tokens or cached_host_tokens or cached_kv_pool_tokens:
         raise typer.BadParameter("--cached-*-tokens need --backend (the link they cross is the backend's)")
     try:

@@ -160,9 +160,9 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         decode_phase = split is not None and n == 0
         if decode_phase:
             assert split is not None
-            ticket, payload, sequence, ahead = split.ticket, split.body, -1, ()
+            ticket, payload, sequence = split.ticket, split.body, -1
         else:
-            sequence, ahead = feed.sent(sent_s, candidate.uncached_prompt_tokens)
+            sequence = feed.sent(sent_s, candidate)
             ticket, payload = gw.routing.charge(plan, candidate), body
         # Other replicas learn of the prefill in flight through the index (gateway.replicas.peer_load).
         if gw.peers is not None and gw.routing.dispatcher.records_anything(plan.request.hashes, "backend"):
@@ -183,7 +183,7 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         except UpstreamError as exc:
             ticket.finish()  # the ledger and the in-flight chain are released on every path
             if not decode_phase:
-                feed.failed(sequence)
+                feed.failed(sequence, gw.clock())
             account_failure(gw, state, exc, eject=not own_kv_transfer)
             last_try = last or (exc.retry_kind not in policy.retry_on and not exc.moves)
             if last_try:
@@ -195,9 +195,11 @@ async def first_byte(gw: GatewayState, plan: Plan, body: bytes, headers: CIMulti
         except BaseException:
             ticket.finish()
             if not decode_phase:
-                feed.failed(sequence)
+                feed.failed(sequence, gw.clock())
             raise
-        timing = DispatchTiming(sent_s, ahead, not decode_phase and feed.answered(sequence), headers_s, stream)
+        if stream and not decode_phase:  # a stream's first byte is its first token (vLLM sends the role chunk with it)
+            feed.first_token(sequence, gw.clock())
+        timing = DispatchTiming(sent_s, sequence, headers_s, stream)
         ticket.first_byte()
         return FirstByte(candidate, state, ticket, resp, first, timing,
                          split.prefill_backend if decode_phase and split is not None else None)

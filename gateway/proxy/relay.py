@@ -37,7 +37,6 @@ from gateway.proxy.attempts import ClientWatch, FirstByte
 from gateway.edge.access_log import invalidation_fields
 from gateway.edge.scope import CLIENT_GONE
 from gateway.errors import ClientGone, ShuttingDown, UpstreamError, UpstreamReset, UpstreamTimeout
-from gateway.backends.kappa_feed import prediction
 from gateway.proxy.sse import SseObserver, error_tail, usage_from_body
 from gateway.routing import ParsedRequest
 from gateway.state import GatewayState
@@ -208,7 +207,7 @@ class Relay:
                 gw.backends.succeeded(sent.state)  # a complete answer: its consecutive failures start again
             _observe(gw, self.plan, sent, self.observer)
         else:
-            sent.state.prefill_feed.ended_otherwise()
+            sent.state.prefill_feed.ended_otherwise(sent.timing.sequence, gw.clock())
             gw.backends.scrape_soon(sent.state)
         self._log(outcome)
 
@@ -285,8 +284,8 @@ def _observe(gw: GatewayState, plan: Plan, sent: FirstByte, obs: SseObserver) ->
     series.response_headers[timing.stream].observe(timing.headers_s - obs.start_s)
     if obs.ttft_s is not None:  # streams only: a non-streamed body has no first-token time
         series.ttft.observe(obs.ttft_s)
-    # A split request's decode phase ran no prefill here (its "prefill" is the KV pull): unpredictable.
-    if state.prefill_feed.completed_request(None if sent.split else prediction(state.spec, c, timing, obs.usage)):
+    # A split request's decode phase ran no prefill here (its "prefill" is the KV pull): not fed (−1).
+    if state.prefill_feed.completed_request(-1 if sent.split else timing.sequence, obs.usage, gw.clock()):
         gw.backends.scrape_soon(state)
     for gap in obs.itl_s:
         series.itl.observe(gap)

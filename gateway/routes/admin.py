@@ -111,9 +111,9 @@ async def backends(gw: State) -> dict:
     the health checks' verdict, outlier ejection and its counters.
 
     κ figures (names: `router.kappa`): ``kappa_crit_linear`` (predicted, T-independent
-    κ_M·κ_HW at the host link), ``kappa_crit_linear_measured`` (the online fit of
-    the backend's prefill times, `router.kappa_fit`, with its 95% ``_ci`` and ``kappa_fit``; null
-    until measured), ``kappa_crit_reference``
+    κ_M·κ_HW at the host link), ``kappa_crit_linear_routed``, ``kappa_crit_linear_measured`` and
+    ``kappa_fit`` (measured, one factor per resource, and what routing uses: the fields below are its
+    spec's; `gateway.backends.kappa_feed.measured_fields`), ``kappa_crit_reference``
     (`kappa_crit_reference`: the per-request κ_crit at reference T, by link).
 
     The decode batch the router prices (`router.decode`): ``decode_context_tokens`` and
@@ -136,7 +136,7 @@ async def backends(gw: State) -> dict:
             "labels": s.entry.labels, "kv_role": s.entry.kv_role, "node": s.entry.node,
             "healthy": s.healthy, **gw.backends.rotation.view(s), "kv_events": _kv_events(gw, s.id),
             "power_cap_w": s.entry.power_cap_w, "tensor_parallel": s.entry.tensor_parallel,
-            "kappa_crit_linear": spec.kappa_crit_linear, **measured_fields(s.kappa_fit),
+            **measured_fields(s, gw.routing.pd_links),
             "kappa_crit_reference": kappa_crit_reference(spec),
             "kappa_hw": spec.kappa_hw,
             "b_kv_bytes": kappa.b_kv_bytes(spec.model),

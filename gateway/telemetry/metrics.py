@@ -22,6 +22,7 @@ app factory reads from ``PROMETHEUS_MULTIPROC_DIR``; nothing here reads the envi
 | ``gateway_kappa_crit_linear`` | gauge | backend, kind=predicted\\|measured (measured: `router.kappa_fit`) |
 | ``gateway_kappa_crit_linear_measured_interval`` | gauge | backend, bound=low\\|high (the measured κ_crit_linear's 95% interval) |
 | ``gateway_kappa_fit_requests`` | gauge | backend, kind=compute\\|load (requests behind the measured κ_crit_linear) |
+| ``gateway_backend_profile_deviation_ratio`` | gauge | backend, factor=compute\\|host_link\\|kv_pool_link\\|hbm (measured over profiled seconds, `router.link_factors`) |
 | ``gateway_prompt_tokens_total`` | counter | backend, source=cached_hbm\\|cached_host\\|cached_kv_pool\\|uncached (index estimate) |
 | ``gateway_cached_tokens_estimated_total`` / ``gateway_cached_tokens_reported_total`` | counter | backend |
 | ``gateway_prefix_invalidated_tokens_total`` / ``gateway_prefix_invalidations_total`` | counter | model, cause = front_truncation\\|compaction\\|edit\\|reorder (`prefix_index.invalidation`) |
@@ -59,6 +60,7 @@ from gateway.telemetry.kv_events import KvEventsTelemetry
 from gateway.telemetry.pd import PdTelemetry
 from router.kappa import Regime
 from router.kappa_fit import KappaCritMeasurement
+from router.link_factors import FACTORS
 
 # prometheus-client's multiprocess mode (``serve --workers``) is on when this variable names a
 # directory: prometheus-client reads it when it is imported, the gateway in `gateway.app.create_app`
@@ -138,6 +140,10 @@ class Telemetry:
         self.kappa_fit_samples = Gauge("gateway_kappa_fit_requests", "Requests behind the measured κ_crit_linear: "
                                        "compute-bound and load-bound prefills the fit used (router.kappa_fit).",
                                        ["backend", "kind"], multiprocess_mode="mostrecent", registry=r)
+        self.profile_deviation = Gauge("gateway_backend_profile_deviation_ratio", "Measured over profiled seconds of "
+                                       "one resource of a backend (router.link_factors: compute, host_link, "
+                                       "kv_pool_link, hbm; 1 = the profile, 2 = twice as slow), once measured.",
+                                       ["backend", "factor"], multiprocess_mode="mostrecent", registry=r)
 
     def _declare_token_metrics(self, r: CollectorRegistry) -> None:
         """Prompt tokens by where the index expected them, cached tokens predicted vs reported, and the
@@ -262,12 +268,18 @@ class Telemetry:
             self.requests.labels("none", "none", policy, "none", status)
 
     def set_kappa_fit(self, backend_id: str, measured: KappaCritMeasurement | None) -> None:
-        """Publish a backend's measured κ_crit, its interval and sample counts (nothing until measured)."""
+        """Publish a backend's measured κ_crit at the host link and its interval (once measured), the
+        sample counts, and each measured factor's deviation from the profile."""
         if measured is None:
             return
-        self.kappa_crit_linear.labels(backend_id, "measured").set(measured.kappa_crit_linear)
-        self.kappa_crit_interval.labels(backend_id, "low").set(measured.ci_low)
-        self.kappa_crit_interval.labels(backend_id, "high").set(measured.ci_high)
+        if measured.kappa_crit_linear is not None:
+            value, low, high = measured.kappa_crit_linear
+            self.kappa_crit_linear.labels(backend_id, "measured").set(value)
+            self.kappa_crit_interval.labels(backend_id, "low").set(low)
+            self.kappa_crit_interval.labels(backend_id, "high").set(high)
+        for name, factor in zip(FACTORS, measured.factors, strict=True):
+            if factor is not None:
+                self.profile_deviation.labels(backend_id, name).set(factor.time_ratio)
         self.kappa_fit_samples.labels(backend_id, "compute").set(measured.compute_requests)
         self.kappa_fit_samples.labels(backend_id, "load").set(measured.load_requests)
 

@@ -63,6 +63,9 @@ def demo_fleet() -> Iterator[tuple[Settings, Gateway]]:
     """The demo fleet's mocks and a gateway over them (fast health checks and scrapes), ready."""
     doc = on_free_ports(load_settings(DEMO_CONFIG, CATALOG, env={})).model_dump(mode="json")
     doc["gateway"].update(health_interval_s=0.05, scrape_interval_s=0.05)
+    # every surface computes from the configured spec here: the measured figures would move the routed
+    # one (issue 29; `crit --measured` then shows it beside the profile's)
+    doc["routing"]["measured_figures"] = {"enabled": False}
     settings = parse_settings(doc, CATALOG, env={})
     with mock_fleet(settings, time_scale=TIME_SCALE):
         app = create_app(settings, registry=CollectorRegistry())

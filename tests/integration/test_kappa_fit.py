@@ -18,9 +18,11 @@ import pytest
 
 from fleet_config import default_catalog
 from gateway.backends.scrape import parse_vllm_metrics
+from gateway.commands.crit_measured import load_measured
 from router import kappa
 from router.cost import BackendSpec
-from router.kappa_fit import MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS
+from router.kappa_fit import MIN_REQUESTS
+from router.link_factors import COMPUTE, HOST
 from tests.integration.gateway_support import (
     MOCK_MODEL,
     Gateway,
@@ -29,6 +31,8 @@ from tests.integration.gateway_support import (
     run_gateway,
     run_mocks,
 )
+
+MIN_COMPUTE_REQUESTS, MIN_LOAD_REQUESTS = MIN_REQUESTS[COMPUTE], MIN_REQUESTS[HOST]
 
 pytestmark = pytest.mark.integration
 
@@ -73,21 +77,31 @@ def test_measured_kappa_crit_matches_the_engines_physics() -> None:
         # follow-up that shares engine steps with another request's prefill is not fitted, so
         # not every follow-up makes it into the fit: at least MIN_LOAD_REQUESTS of the 8 do.
         backend = poll(measured, "a measured κ_crit")
-        gauges = {(s.split("{")[0], s.rsplit(" ", 1)[1]) for s in gw.http.get("/metrics").text.splitlines()
+        page = gw.http.get("/metrics").text.splitlines()
+        gauges = {(s.split("{")[0], s.rsplit(" ", 1)[1]) for s in page
                   if s.startswith("gateway_kappa_crit_linear{") and 'kind="measured"' in s}
+        deviation = {line.split('factor="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in page
+                     if line.startswith("gateway_backend_profile_deviation_ratio{")}
+        saved = load_measured(gw.url)  # what `crit --measured URL` reads
     fit = backend["kappa_fit"]
     # The engine is its profile (C_eff, 15 GB/s host link): measured over predicted seconds is 1
     # for compute and for loads, so the measured κ_crit is the profile's linear one, 4.13.
     # Within 2%, not exactly: a scrape racing a request's end can leave one request's prefill in a
     # neighbour's interval (a CI run measured 0.9925); the done-when bound is 10%.
-    assert fit["compute_time_ratio"] == pytest.approx(1.0, rel=0.02)
-    assert fit["load_time_ratio"] == pytest.approx(1.0, rel=0.02)
+    factors = fit["factors"]
+    assert factors["compute"]["time_ratio"] == pytest.approx(1.0, rel=0.02)
+    assert factors["host_link"]["time_ratio"] == pytest.approx(1.0, rel=0.02)
+    assert factors["kv_pool_link"] == {"evidence": "none", "routed_time_ratio": 1.0}  # no pool here
+    assert fit["pd_transfer"] is None  # an aggregated fleet
     assert fit["requests"]["kv_pool_load"] == 0 and fit["requests"]["load"] >= MIN_LOAD_REQUESTS
     assert fit["requests"]["compute"] >= MIN_COMPUTE_REQUESTS
     assert backend["kappa_crit_linear_measured"] == pytest.approx(H100_8B.kappa_crit_linear, rel=0.02)
     low, high = backend["kappa_crit_linear_measured_ci"]
     assert low <= backend["kappa_crit_linear_measured"] <= high and high / low < 1.05
     [(_, value)] = gauges  # gateway_kappa_crit_linear{kind="measured"}: the same figure, set at the last scrape
+    # the profile is the engine's: each measured factor reads 1 (the gauge the operator alerts on)
+    assert deviation["compute"] == pytest.approx(1.0, rel=0.02) and deviation["host_link"] == pytest.approx(1.0, rel=0.02)
+    assert saved["a"]["kappa_fit"]["factors"]["host_link"]["time_ratio"] == pytest.approx(1.0, rel=0.02)
     assert float(value) == pytest.approx(backend["kappa_crit_linear_measured"], rel=1e-3)
 
 

@@ -129,3 +129,25 @@ def test_backend_mode_usage_errors(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["crit", "--config", str(CONFIG_DIR / "fleet.local.yaml"), *args],
                                 terminal_width=200)
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
+
+
+def test_measured_figures_beside_the_profiles(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A saved /v1/kappa/backends answer whose H100 host link took 4× its profile's time: ``--measured``
+    adds a row priced at it (a 4 × 15 GB/s link reads 15 GB/s, κ_crit_linear a quarter) and says so."""
+    from typer.testing import CliRunner
+
+    saved = tmp_path / "backends.json"
+    factors = {"compute": {"time_ratio": 1.0, "ci": [0.99, 1.01], "requests": 40, "evidence_requests": 40.0},
+               "host_link": {"time_ratio": 4.0, "ci": [3.5, 4.6], "requests": 6, "evidence_requests": 6.0},
+               "kv_pool_link": {"evidence": "none"}, "hbm": {"evidence": "none"}}
+    saved.write_text(json.dumps({"backends": [{"id": "h100-capped", "kappa_fit": {"factors": factors}}]}))
+    args = ["crit", "--config", str(CONFIG_DIR / "fleet.local.yaml"), "--backend", "h100-capped", "-T", "1024",
+            "--cached-host-tokens", "20000", "--measured", str(saved)]
+    profile, measured = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert (profile["source"], measured["source"], measured["measured"]) == ("profile", "measured",
+                                                                            ["compute", "host_link"])
+    assert profile["link_gb_s"] == pytest.approx(60.0) and measured["link_gb_s"] == pytest.approx(15.0)
+    assert measured["kappa_crit_linear"] == pytest.approx(profile["kappa_crit_linear"] / 4)
+    assert measured["c_eff_tflops"] == pytest.approx(profile["c_eff_tflops"])
+    text = CliRunner().invoke(app, args).stdout
+    assert "h100-capped: its host_link takes 4× the time its profile says" in text

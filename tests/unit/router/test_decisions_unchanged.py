@@ -14,6 +14,11 @@ Regenerated for issue 25 (the κ policy's E2E objective: its decode priced in th
 0.05 it had) keeps the digests the
 ``kappa`` runs had before it, bit for bit, so that objective is still exactly the old κ.
 
+Issue 29: the runs measure each backend's figures as the gateway does and route on them (the
+configs' ``routing.measured_figures``, on by default); the profiles being the mocks' own here, no
+measured factor leaves 1 and every digest stays. With measurement off (one workload, to hold the
+setting's other side) they stay too.
+
 Regenerate (only for a change that means to alter routing, saying so in its commit):
 ``KAPPA_REGENERATE_GOLDEN=1 python -m pytest tests/unit/router/test_decisions_unchanged.py``.
 """
@@ -39,7 +44,7 @@ def _hex(value: object) -> str:
     return float(value).hex() if isinstance(value, (int, float)) else str(value)
 
 
-def _digest(workload: str) -> dict[str, str]:
+def _digest(workload: str, *, measuring: bool = True) -> dict[str, str]:
     sys.path.insert(0, str(REPO / "bench"))
     try:
         from routing_quality import PLAN, POLICIES, load_fleets
@@ -55,6 +60,8 @@ def _digest(workload: str) -> dict[str, str]:
     scale = plan.rate_scales[len(plan.rate_scales) // 2]
     out = {}
     for name, fleet in load_fleets().items():
+        if not measuring:
+            fleet = dataclasses.replace(fleet, measurement=dataclasses.replace(fleet.measurement, enabled=False))
         trace = prepare_trace(requests, model=fleet.served_models()[0], block_size_bytes=fleet.block_size_bytes)
         trace = [dataclasses.replace(p, arrival_s=p.arrival_s / scale) for p in trace]
         for label, policy, params in [(p, p, {}) for p in POLICIES] + [("kappa-ttft", "kappa", TTFT_OBJECTIVE)]:
@@ -86,3 +93,9 @@ def test_the_routing_quality_runs_decide_exactly_as_before(workload: str) -> Non
     golden = json.loads(GOLDEN.read_text())[workload]
     changed = sorted(k for k in golden if digests.get(k) != golden[k])
     assert not changed, f"{workload}: decisions or predicted figures changed for {changed}"
+
+
+def test_measurement_off_decides_exactly_as_before() -> None:
+    golden = json.loads(GOLDEN.read_text())["document-qa"]
+    digests = _digest("document-qa", measuring=False)
+    assert sorted(k for k in golden if digests.get(k) != golden[k]) == []
