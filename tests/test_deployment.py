@@ -168,9 +168,12 @@ def test_compose_fleet_is_the_local_fleet_behind_service_names() -> None:
     deployment models full-size HBM caches."""
     _, compose = gateway_invocation()
     local = load_settings(ROOT / "config" / "fleet.local.yaml", CATALOG, env={})
-    local_only = {"url", "num_gpu_blocks_override"}
+    local_only = {"url", "num_gpu_blocks_override", "kv_events"}  # addresses differ: service names, one port each
     assert [b.model_dump(exclude=local_only) for b in compose.backends] == \
            [b.model_dump(exclude=local_only) for b in local.backends]
+    # Both publish KV events (issue 30), each compose mock at its service name on vLLM's default ports.
+    assert [(b.kv_events is None) for b in compose.backends] == [(b.kv_events is None) for b in local.backends]
+    assert all(b.kv_events.endpoint == f"tcp://{urlsplit(b.url).hostname}:5557" for b in compose.backends if b.kv_events)
     assert compose.models == local.models and compose.routing == local.routing
 
 
