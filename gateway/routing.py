@@ -34,12 +34,10 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
-import orjson
-
-from dispatch import BackendMetrics, Dispatcher, Plan, RoutableRequest, Ticket
+from dispatch import BackendMetrics, Dispatcher, Plan, Ticket
 from fleet_config.settings import Settings
 from gateway.backends.backend_set import BackendSet
 from gateway.backends.backend_state import BackendState
@@ -51,6 +49,8 @@ from gateway.backends.pd_links import PdLinks
 from gateway.telemetry.metrics import Telemetry
 from gateway.telemetry.outage import OutageLog
 from gateway.invalidation import LiveInvalidation, PendingFinding
+from gateway.parsed import (  # noqa: F401  (DEFAULT_MAX_TOKENS_ESTIMATE: re-exported)
+    DEFAULT_MAX_TOKENS_ESTIMATE, Kind, ParsedRequest, load_body, max_tokens_of, sequences_of)
 from prefix_index import (
     CanonicalizationError,
     Finding,
@@ -73,55 +73,6 @@ from router.profiles import GB
 from router.types import Candidate, PdFleet
 
 log = logging.getLogger("kappa_gateway.routing")
-
-Kind = Literal["chat", "completion"]
-# KV the gateway charges for the output of a request that sets no max_tokens (vLLM would
-# fill the context; most clients stop far earlier): an estimate, named as one.
-DEFAULT_MAX_TOKENS_ESTIMATE = 256
-UTF8_BOM = b"\xef\xbb\xbf"
-
-
-def load_body(raw: bytes) -> Any:
-    """The JSON value of a request body (orjson; a leading UTF-8 BOM ignored: module docstring).
-
-    Raises:
-        BadRequest: not JSON that orjson accepts; the message says why and where.
-    """
-    try:
-        return orjson.loads(raw[len(UTF8_BOM):] if raw.startswith(UTF8_BOM) else raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"Invalid JSON body: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedRequest(RoutableRequest):
-    """What routing derived from a validated body (model, hashes, sizes). The parsed body
-    itself is not kept: it is as large as the body, and the raw bytes are what goes upstream.
-
-    ``load_only_reason``: why the body has no prefix hashes and is routed on load alone
-    (``NestingTooDeep.reason``), or None for a body canonicalised and hashed as usual.
-    ``invalidation``: a chat body's prefix-invalidation work (`gateway.invalidation.PendingFinding`),
-    None otherwise.
-    ``client_kv_transfer``: the client sent its own ``kv_transfer_params`` (non-null): its own P/D
-    flow, whose KV lives where the client put it. Relayed as sent to one backend, never retried
-    elsewhere (the params name one KV location), and a 5xx it gets (a failed KV load) is not the
-    backend's fault: not counted toward its ejection (`gateway.proxy.attempts`).
-    ``splittable``: on a P/D fleet the request may be split (`gateway.proxy.disagg`): not when the
-    client sent its own ``kv_transfer_params`` (relayed as sent, never split) or asked for several
-    sequences (``n`` > 1: one prefill per sequence is not what vLLM's P/D flow runs).
-    """
-
-    kind: Kind
-    stream: bool
-    load_only_reason: str | None = None
-    invalidation: PendingFinding | None = None
-    splittable: bool = True
-    client_kv_transfer: bool = False
-    token_ids: tuple[int, ...] | None = None  # for the event-fed index (`request_token_ids`), when known
-    cache_salt: str | None = None
-    # A long prompt's body, until `RoutingService.plan` has its token ids (encoded in a worker thread).
-    tokenize_body: dict[str, Any] | None = None
-
 
 RoutePlan = Plan  # the gateway's name for a dispatch plan: `plan.targets` are `BackendState`s
 
@@ -247,8 +198,8 @@ class RoutingService:
         stream = body.get("stream", False)
         if not isinstance(stream, bool) and stream is not None:
             raise BadRequest("'stream' must be a boolean.", param="stream")
-        max_tokens = self._max_tokens(body, kind)
-        sequences = _sequences(body)
+        max_tokens = max_tokens_of(body, kind)
+        sequences = sequences_of(body)
         if model not in self.served_models:
             raise ModelNotFound(f"The model `{excerpt(model)}` does not exist.", param="model")
         try:
@@ -277,18 +228,6 @@ class RoutingService:
                              invalidation=PendingFinding(data, seed) if kind == "chat" else None,
                              splittable=sequences == 1 and body.get("kv_transfer_params") is None,
                              client_kv_transfer=body.get("kv_transfer_params") is not None)
-
-    @staticmethod
-    def _max_tokens(body: dict[str, Any], kind: Kind) -> int:
-        keys = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
-        for key in keys:
-            value = body.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise BadRequest(f"'{key}' must be a positive integer.", param=key)
-            return value
-        return DEFAULT_MAX_TOKENS_ESTIMATE
 
     # -- deciding and bookkeeping (the shared pipeline) ----------------------------------
     async def plan(self, parsed: ParsedRequest, *, dry_run: bool = False) -> RoutePlan:
@@ -394,22 +333,3 @@ class RoutingService:
         """Count an index failure; warn when an outage starts (`gateway.telemetry.outage.OutageLog`)."""
         self.telemetry.index_errors.labels(op).inc()
         self._index_outage.failed(f"{op}: {exc}")
-
-
-def _sequences(body: dict[str, Any]) -> int:
-    """Output sequences the request makes the backend hold: OpenAI's ``n`` (choices, default 1), or
-    ``best_of`` when larger (legacy completions: that many are generated server-side and the best
-    ``n`` returned, OpenAI's API reference). Each holds its own output KV (`router.cost.kv_demand_bytes`).
-
-    Raises:
-        BadRequest: ``n`` or ``best_of`` present and not a positive integer.
-    """
-    sequences = 1
-    for key in ("n", "best_of"):
-        value = body.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise BadRequest(f"'{key}' must be a positive integer.", param=key)
-        sequences = max(sequences, value)
-    return sequences

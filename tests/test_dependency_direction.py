@@ -151,16 +151,17 @@ GATEWAY_ROOMS: dict[str, set[str]] = {
     "backends": {"errors", "telemetry", "upstream"},  # health, scrape, the kappa_crit feed, index truth
     "replicas": {"errors", "telemetry"},  # the load exchange between gateway replicas
     "invalidation": {"telemetry"},        # prefix invalidation live: the detector, its counters, pending findings
-    "routing": {"errors", "telemetry", "backends", "invalidation"},  # a body parsed, hashed and sent through dispatch
+    "parsed": {"errors", "invalidation"},  # a body loaded, the fields routing keeps (ParsedRequest)
+    "routing": {"errors", "telemetry", "backends", "invalidation", "parsed"},  # a body parsed, hashed and sent through dispatch
     "state": {"edge", "telemetry", "backends", "routing", "replicas"},  # what the lifespan opens
-    "proxy": {"errors", "edge", "telemetry", "backends", "routing", "state", "upstream"},  # handler, attempts, relay, SSE
-    "routes": {"errors", "edge", "backends", "routing", "state", "proxy"},  # the HTTP surface
+    "proxy": {"errors", "edge", "telemetry", "backends", "parsed", "routing", "state", "upstream"},  # handler, attempts, relay, SSE
+    "routes": {"errors", "edge", "backends", "parsed", "routing", "state", "proxy"},  # the HTTP surface
     "serving": {"errors", "edge", "telemetry"},  # uvicorn, connections, the --workers supervisor
     "lifespan": {"errors", "telemetry", "edge", "backends", "replicas", "routing", "state", "proxy", "upstream"},
     "app": {"errors", "telemetry", "edge", "upstream", "backends", "replicas", "routing", "state", "proxy", "routes",
             "lifespan"},
-    "commands": {"errors", "telemetry", "edge", "upstream", "backends", "replicas", "routing", "state", "proxy", "routes",
-                 "lifespan", "app", "serving"},  # the tool room: everything
+    "commands": {"errors", "telemetry", "edge", "upstream", "backends", "replicas", "parsed", "routing", "state", "proxy",
+                 "routes", "lifespan", "app", "serving"},  # the tool room: everything
     "__main__": {"commands"},
 }
 

@@ -52,8 +52,8 @@ def test_the_gateway_measures_a_fleet_that_is_not_what_its_config_says() -> None
     catalog = default_catalog()
     truth = on_free_ports(load_settings(CONFIG_DIR / "fleet.local.truth.yaml", catalog, env={}))
     told = load_settings(DEFAULT_CONFIG, catalog, env={})
-    urls = {b.id: b.url for b in truth.backends}
-    told = told.model_copy(update={"backends": [b.model_copy(update={"url": urls[b.id]}) for b in told.backends]})
+    moved = {b.id: {"url": b.url, "kv_events": b.kv_events} for b in truth.backends}  # the mocks' free ports
+    told = told.model_copy(update={"backends": [b.model_copy(update=moved[b.id]) for b in told.backends]})
     engines = {b.id: build_backend_app(truth, b, catalog).state.engine.backend for b in truth.backends}
     profiles = {b.id: told.backend_spec(catalog, b) for b in told.backends}
     app = create_app(told, registry=CollectorRegistry())
