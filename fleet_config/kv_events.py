@@ -63,6 +63,7 @@ def resolve_tokenizer_dir(value: str, config_dir: Path | None) -> Path:
     """
     raw = Path(value)
     candidates = [raw] if raw.is_absolute() else [p for p in ((config_dir / raw) if config_dir else None, raw) if p]
+    candidates = list(dict.fromkeys(p.resolve() for p in candidates))  # one line per place, absolute
     for path in candidates:
         if (path / "tokenizer.json").is_file():
             return path.resolve()

@@ -29,8 +29,8 @@ def chat_prompt_ids(body: ChatCompletionRequest, tok: EngineTokenizer | None) ->
         if tok is not None:
             return request_token_ids(tok, body.model_dump(exclude_unset=True), chat=True)
         return mock_tokenizer.encode(mock_tokenizer.apply_chat_template(body.message_dicts(), body.tools))
-    except (ValueError, TypeError, RuntimeError) as exc:  # vLLM answers a failed template render 400
-        raise ApiError(400, f"The chat template could not be rendered: {exc.__class__.__name__}: {exc}") from exc
+    except (ValueError, TypeError, RuntimeError) as exc:  # vLLM answers a failed render or tokenisation 400
+        raise ApiError(400, f"The chat could not be rendered or tokenised: {exc.__class__.__name__}: {exc}") from exc
 
 
 def completion_prompt_ids(body: CompletionRequest, tok: EngineTokenizer | None, model_vocab_size: int | None) -> list[int]:

@@ -16,6 +16,8 @@ server that cannot start (its port taken) stops the others and the process exits
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -34,6 +36,7 @@ from tokenization import EngineTokenizer
 GRACEFUL_SHUTDOWN_S = 5.0
 LOG_LEVEL = "warning"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ORPHAN_CHECK_S = 0.5  # how often a worker checks that mock-fleet, its parent, is still there
 
 
 def build_apps(settings: Settings, catalog: Catalog, backends: Sequence[BackendEntry], *,
@@ -65,6 +68,17 @@ class _Server(uvicorn.Server):
         yield
 
 
+async def _stop_when_orphaned(stop_all: Callable[[], None]) -> None:
+    """Stop every server once this worker's parent (``mock-fleet``) is gone: a parent killed by a
+    signal it cannot catch (SIGKILL) ends no child, and the mocks would go on holding their ports.
+    Polled every `ORPHAN_CHECK_S` (the parent pid changes when the worker is re-parented)."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(ORPHAN_CHECK_S)
+    logging.getLogger("kappa_gateway.mock_fleet").warning("mock-fleet (pid %d) is gone: stopping its mocks", parent)
+    stop_all()
+
+
 async def serve_all(apps: Sequence[FastAPI], urls: Sequence[str]) -> int:
     """Serve ``apps[i]`` on the host and port of ``urls[i]`` until SIGINT/SIGTERM, then stop them all.
 
@@ -92,9 +106,11 @@ async def serve_all(apps: Sequence[FastAPI], urls: Sequence[str]) -> int:
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop_all)
+    orphan_watch = asyncio.create_task(_stop_when_orphaned(stop_all), name="mock-fleet-orphan-watch")
     try:
         await asyncio.gather(*(serve(server) for server in servers))
     finally:
+        orphan_watch.cancel()
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
     return failures[0] if failures else 0

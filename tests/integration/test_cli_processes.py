@@ -100,3 +100,26 @@ def test_a_third_signal_forces_the_exit_and_says_so_in_the_exit_code(tmp_path: P
                 assert proc.wait(timeout=10) == 1
         finally:
             stop(proc)
+
+
+def test_mock_fleet_killed_with_sigkill_takes_its_mocks_with_it(tmp_path: Path) -> None:
+    """Regression (newcomer trial, issue 30): `kill -9` of `mock-fleet` left its worker serving the
+    mocks, re-parented to init, holding their HTTP and KV-event ports, so the fleet could not start again."""
+    backends = two_backends()
+    config = config_file(tmp_path, {"backends": backends})
+    log = tmp_path / "fleet.log"
+    fleet = start(["mock-fleet", "--config", str(config), "--time-scale", "0.01"], log)
+    try:
+        pids = poll(lambda: dict(re.findall(r"^(\w+): .* \(pid (\d+)\)$", log.read_text(), re.M)) or None,
+                    "the fleet to print its mocks' pids", timeout_s=30)
+        poll(lambda: all(get_status(b["url"], "/health") == 200 for b in backends), "both mocks up", timeout_s=30)
+        os.kill(fleet.pid, signal.SIGKILL)  # the mock-fleet process this test started
+        fleet.wait(timeout=10)
+        poll(lambda: all(get_status(b["url"], "/health") is None for b in backends), "the orphaned mocks to stop",
+             timeout_s=15)
+        for pid in {int(p) for p in pids.values()}:  # the workers this fleet started are gone, not just deaf
+            poll(lambda pid=pid: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
+                 f"worker {pid} to exit", timeout_s=15)
+    finally:
+        if fleet.poll() is None:
+            stop(fleet)
