@@ -59,7 +59,8 @@ DEFAULT_BASELINE = "round-robin"  # the policy a router without κ or a cache in
 
 def on_free_ports(settings: Settings, *, policy: str | None = None, routing_seed: int | None = None) -> Settings:
     """The same fleet with the gateway and every backend moved to free loopback ports (and no
-    shutdown drain: no load balancer watches the demo's gateway).
+    shutdown drain: no load balancer watches the demo's gateway): a backend's URL and its
+    ``kv_events`` endpoint and replay endpoint (issue 30), so two fleets never share a port.
 
     Args:
         policy: a `router.policies.POLICY_NAMES` name to route by instead of the config's; a
@@ -80,6 +81,11 @@ def on_free_ports(settings: Settings, *, policy: str | None = None, routing_seed
     doc["gateway"]["shutdown_drain_delay_s"] = 0.0
     for backend in doc["backends"]:
         backend["url"] = f"http://127.0.0.1:{free_port()}"
+        events = backend.get("kv_events")
+        if events:  # the mock binds these: the config's fixed 5557… would clash with any other fleet
+            events["endpoint"] = f"tcp://127.0.0.1:{free_port()}"
+            if events.get("replay_endpoint"):
+                events["replay_endpoint"] = f"tcp://127.0.0.1:{free_port()}"
     return parse_settings(doc, default_catalog(), env={})
 
 
