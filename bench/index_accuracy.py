@@ -7,7 +7,8 @@ mocks (``config/fleet.local.yaml``: four mock vLLM engines in one ``mock-fleet``
 pool, on free ports, KV-event endpoints included: `gateway.commands.demo.on_free_ports`). The host
 tiers are cut (``--host-tier-gb``, 16 GB: ~49k tokens of Llama-3.1-70B KV each) so that HBM and host
 tier overflow and the engines evict blocks (the pool keeps the config's 1 TB unless ``--kv-pool-gb``
-cuts it too); the evictions are counted from the engines' own KV events
+cuts it, or removes it: ``-1``, private host tiers only, where an evicted prefix is gone from its
+backend and only the event-fed index knows it); the evictions are counted from the engines' own KV events
 (`index_accuracy_probe.EventCounter`).
 
 Two modes, each run on a fresh fleet and gateway, with the same requests and arrivals:
@@ -83,11 +84,14 @@ EXACT_WAIT_S = 15.0  # for every subscriber to reach exact mode before the traff
 
 
 def fleet_settings(config: Path, *, host_tier_gb: float, kv_pool_gb: float, seed: int) -> Settings:
-    """The demo fleet on free ports, host tiers and pool cut to ``host_tier_gb`` / ``kv_pool_gb`` (0 keeps the config's)."""
+    """The demo fleet on free ports, host tiers and pool cut to ``host_tier_gb`` / ``kv_pool_gb`` (0 keeps the
+    config's; a negative ``kv_pool_gb`` removes the pool: private host tiers only)."""
     doc = on_free_ports(load_settings(config, default_catalog(), env={}), routing_seed=seed).model_dump(mode="json")
     for backend in doc["backends"]:
         backend["host_tier_gb"] = host_tier_gb or backend["host_tier_gb"]
-    if doc.get("kv_pool") and kv_pool_gb:
+    if doc.get("kv_pool") and kv_pool_gb < 0:
+        doc["kv_pool"] = None
+    elif doc.get("kv_pool") and kv_pool_gb:
         doc["kv_pool"]["capacity_gb"] = kv_pool_gb
     return parse_settings(doc, default_catalog(), env={})
 
@@ -199,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=shape.tenants)
     parser.add_argument("--seed", type=int, default=0, help="the workload's and the gateway's tie-breaks")
     parser.add_argument("--host-tier-gb", type=float, default=16.0, help="every backend's host tier (0: the config's)")
-    parser.add_argument("--kv-pool-gb", type=float, default=0.0, help="the shared KV pool (0: the config's)")
+    parser.add_argument("--kv-pool-gb", type=float, default=0.0, help="the shared KV pool (0: the config's; -1: none, so an evicted block is lost to its backend)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="mocks' wall seconds per modelled second (1: real time, see the module docstring)")
     parser.add_argument("--repetitions", type=int, default=3)
