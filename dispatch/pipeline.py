@@ -29,14 +29,14 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from dispatch.evidence import CachedTokensCheck, CachedTokensEvidence
-from dispatch.exact import with_exact
+from dispatch.exact import engine_pool_model, exact_credit
 from dispatch.ledger import Ticket
 from dispatch.split import charge_split
 from dispatch.views import view_of
+from dispatch.request import DispatchHooks, Plan, RoutableRequest
 from dispatch.target import Target
 from prefix_index import (
     NO_MATCH,
@@ -55,67 +55,9 @@ from router.calibration import BytesPerToken
 from router.decide import decide
 from router.decode import decode_context_tokens
 from router.policies import Policy
-from router.types import BackendView, Candidate, Decision, PdFleet, RequestFeatures
+from router.types import Candidate, PdFleet, RequestFeatures
 
 __all__ = ["DispatchHooks", "Dispatcher", "Plan", "RoutableRequest"]
-
-
-@dataclass(frozen=True, slots=True)
-class RoutableRequest:
-    """What routing needs of a request: its model, prompt chain and sizes.
-
-    Attributes:
-        model: the served model name.
-        hashes: the prompt's chained block hashes (`prefix_index.block_hashes`).
-        prompt_bytes: length of its canonical prompt bytes (tokens ≈ bytes / bytes-per-token).
-        max_tokens: tokens it may generate per sequence (its KV grows by as much).
-        sequences: output sequences (OpenAI's ``n``, ≥ 1): each holds its own output KV.
-        prompt_tokens: its prompt's token count when known (token ids), else None (estimated from bytes).
-    """
-
-    model: str
-    hashes: Sequence[int]
-    prompt_bytes: int
-    max_tokens: int
-    sequences: int = field(default=1, kw_only=True)
-    prompt_tokens: int | None = field(default=None, kw_only=True)  # exact, when its token ids are known
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """A decision plus what the bookkeeping needs.
-
-    Attributes:
-        request: what was routed.
-        features: the router's view of the request.
-        views: one per target, in the targets' order.
-        decision: the ranking (``decision.chosen`` first, then where retries go).
-        targets: the targets by id.
-        index_ok: the index answered (False: routed without prefix matches).
-        index_epoch: `Dispatcher.forget_epoch` when it was routed (answers to requests routed
-            before a holder's entries were dropped are no evidence about the new ones).
-    """
-
-    request: RoutableRequest
-    features: RequestFeatures
-    views: tuple[BackendView, ...]
-    decision: Decision
-    targets: dict[str, Target]
-    index_ok: bool
-    index_epoch: int = 0
-
-
-class DispatchHooks(Protocol):
-    """Where the pipeline reports index health and timings (the gateway's telemetry)."""
-
-    def index_failed(self, op: str, exc: PrefixIndexError) -> None:
-        """An index call (``match``, ``record``, ``forget``) failed; routing goes on without it."""
-
-    def index_answered(self, op: str, seconds: float) -> None:
-        """An index call succeeded after ``seconds``."""
-
-    def decided(self, seconds: float) -> None:
-        """A (non-dry-run) decision took ``seconds``, the index lookup excluded."""
 
 
 class Dispatcher:
@@ -152,6 +94,7 @@ class Dispatcher:
         self.hooks = hooks
         self.clock: Callable[[], float] = clock or _no_clock
         self.pending = PendingChains()  # chains of the requests in flight, by backend
+        self.pending_engine = PendingChains()  # their engine chains, when the exact index routes them
         # Set by a gateway whose replicas share load (gateway.replicas.peer_load): chains are recorded in the
         # index when sent, so index credit may be a prefill still running (own or a peer's).
         self.records_at_decision = False
@@ -212,19 +155,24 @@ class Dispatcher:
         capacities = {t.id: self.capacity(t, model) for t in targets}
         kv_pool = self.kv_pool_capacity(targets[0], model) if targets else None
         lookup = capacities if kv_pool is None else {**capacities, KV_POOL_ID: kv_pool}
+        # The match first: with asyncio.gather its first step (which queues it for the index's batch
+        # of this loop turn) runs before the read's, so the read can ride in that batch (gateway.replicas.peer_load).
+        calls: list[Awaitable[Any]] = [self._match(model, request.hashes, lookup)]
         if self.peer_load is not None and self.peer_read_due():
-            # The match first: with asyncio.gather its first step (which queues it for the
-            # index's batch of this loop turn) runs before the read's, so the read can ride
-            # in that batch (gateway.replicas.peer_load).
-            (matches, index_ok), _ = await self.gather(self._match(request, lookup), self._peer_read())
-        else:
-            matches, index_ok = await self._match(request, lookup)
-        if exact:
-            matches = with_exact(matches, exact, self.tokens_per_block(model))
+            calls.append(self._peer_read())
+        engine_pool = bool(exact) and kv_pool is not None and bool(request.engine_hashes)
+        if engine_pool:
+            calls.append(self._match_engine_pool(request, targets[0]))
+        answers = await self.gather(*calls) if len(calls) > 1 else [await calls[0]]
+        matches, index_ok = answers[0]
         matches = self.pending.overlay(model, request.hashes, matches, lookup)
         if kv_pool is not None:
             matches = with_kv_pool(matches, capacities)
         tokens_per_block = self.tokens_per_block(model)
+        if exact:  # the exact backends' whole credit in engine blocks (dispatch.exact)
+            matches |= exact_credit(exact, model=model, engine_hashes=request.engine_hashes,
+                                    engine_block_tokens=request.engine_block_tokens, in_flight=self.pending_engine,
+                                    kv_pool=answers[-1] if engine_pool else None, tokens_per_block=tokens_per_block)
         features = RequestFeatures(
             model=model,
             prompt_tokens=request.prompt_tokens or max(round(request.prompt_bytes / self.calibration.get(model)), 1),
@@ -251,14 +199,22 @@ class Dispatcher:
         assert self.peer_load is not None
         await self.peer_load()
 
-    async def _match(self, request: RoutableRequest,
+    async def _match_engine_pool(self, request: RoutableRequest, target: Target) -> BlockMatch | None:
+        """The pool's match of the request's engine chain, in engine blocks (`dispatch.exact`); None if
+        the index failed."""
+        assert self.kv_pool_bytes is not None
+        capacity = kv_pool_capacity(self.kv_pool_bytes, request.engine_block_tokens * kappa.b_kv_bytes(target.spec.model))
+        matches, ok = await self._match(engine_pool_model(request.model), request.engine_hashes, {KV_POOL_ID: capacity})
+        return matches.get(KV_POOL_ID, NO_MATCH) if ok else None
+
+    async def _match(self, model: str, hashes: Sequence[int],
                      capacities: dict[str, TierCapacity]) -> tuple[dict[str, BlockMatch], bool]:
-        if not request.hashes:
+        if not hashes:
             return {}, True
         hooks = self.hooks
         start = self.clock() if hooks is not None else 0.0
         try:
-            matches = await self.index.match(request.model, request.hashes, capacities)
+            matches = await self.index.match(model, hashes, capacities)
         except PrefixIndexError as exc:
             if hooks is None:
                 raise
@@ -275,18 +231,23 @@ class Dispatcher:
         into that backend's HBM, and vLLM does not evict the blocks of a running request."""
         target = plan.targets[candidate.backend_id]
         est = candidate.estimate
-        model, hashes = plan.request.model, plan.request.hashes
+        model, hashes, engine = plan.request.model, plan.request.hashes, plan.request.engine_hashes
         self.pending.add(model, target.id, hashes)
+        self.pending_engine.add(model, target.id, engine)
         features = plan.features
         return Ticket(target.ledger, est.kv_demand_bytes, est.prefill_s,
-                      on_finish=lambda: self.pending.remove(model, target.id, hashes),
+                      on_finish=lambda: self._ended(model, target.id, hashes, engine),
                       context_tokens=decode_context_tokens(features),
                       output_tokens=float(features.sequences * max(features.max_tokens, 1)))
+
+    def _ended(self, model: str, backend_id: str, hashes: Sequence[int], engine: Sequence[int]) -> None:
+        self.pending.remove(model, backend_id, hashes)
+        self.pending_engine.remove(model, backend_id, engine)
 
     def charge_split(self, plan: Plan) -> tuple[Ticket, Ticket]:
         """Charge a split decision to both its backends (`dispatch.split.charge_split`)."""
         return charge_split(self.pending, plan.request.model, plan.request.hashes, plan.features, plan.decision,
-                            plan.targets)
+                            plan.targets, pending_engine=self.pending_engine, engine_hashes=plan.request.engine_hashes)
 
     def records_anything(self, hashes: Sequence[int], holders: Literal["both", "backend", "kv_pool"] = "both") -> bool:
         """Whether `record` with these arguments would tell the index anything (a chain, and for
@@ -294,27 +255,30 @@ class Dispatcher:
         return bool(hashes) and (holders != "kv_pool" or self.kv_pool_bytes is not None)
 
     async def record(self, model: str, target: Target, hashes: Sequence[int], *,
-                     holders: Literal["both", "backend", "kv_pool"] = "both") -> None:
+                     holders: Literal["both", "backend", "kv_pool"] = "both", engine_hashes: Sequence[int] = (),
+                     engine_block_tokens: int = 0) -> None:
         """The backend now caches this chain (its prefill ran), and so does the shared KV pool
         if there is one (the backend writes through to it): tell the index, in one batch.
 
         ``holders``: ``backend`` records the backend alone (a gateway recording a chain when
         it sends the request: the prefill computes it into that backend's HBM, but reaches
-        the pool only once done); ``kv_pool`` the pool alone (that request's first byte)."""
+        the pool only once done); ``kv_pool`` the pool alone (that request's first byte).
+        ``engine_hashes``: the request's engine chain at ``engine_block_tokens``
+        (`RoutableRequest.engine_hashes`), recorded under the pool too (`dispatch.exact`)."""
         if not self.records_anything(hashes, holders):
             return
         hooks = self.hooks
         start = self.clock() if hooks is not None else 0.0
         kv_pool = self.kv_pool_capacity(target, model) if holders != "backend" else None
+        assert kv_pool is not None or holders != "kv_pool"
+        calls = [] if holders == "kv_pool" else [self.index.record(model, target.id, hashes, self.capacity(target, model))]
+        if kv_pool is not None:
+            calls.append(self.index.record(model, KV_POOL_ID, hashes, kv_pool))
+        if kv_pool is not None and engine_hashes and self.kv_pool_bytes is not None:
+            engine_capacity = kv_pool_capacity(self.kv_pool_bytes, engine_block_tokens * kappa.b_kv_bytes(target.spec.model))
+            calls.append(self.index.record(engine_pool_model(model), KV_POOL_ID, engine_hashes, engine_capacity))
         try:
-            if holders == "kv_pool":
-                assert kv_pool is not None
-                await self.index.record(model, KV_POOL_ID, hashes, kv_pool)
-            elif kv_pool is None:
-                await self.index.record(model, target.id, hashes, self.capacity(target, model))
-            else:
-                await self.gather(self.index.record(model, target.id, hashes, self.capacity(target, model)),
-                                  self.index.record(model, KV_POOL_ID, hashes, kv_pool))
+            await (self.gather(*calls) if len(calls) > 1 else calls[0])
         except PrefixIndexError as exc:
             if hooks is None:
                 raise

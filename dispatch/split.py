@@ -16,9 +16,12 @@ from router.types import Decision, RequestFeatures
 
 
 def charge_split(pending: PendingChains, model: str, hashes: Sequence[int], features: RequestFeatures,
-                 decision: Decision, targets: Mapping[str, Target]) -> tuple[Ticket, Ticket]:
+                 decision: Decision, targets: Mapping[str, Target], *, pending_engine: PendingChains | None = None,
+                 engine_hashes: Sequence[int] = ()) -> tuple[Ticket, Ticket]:
     """Charge a split decision (``decision.prefill`` set) of a request (``model``, its chain
-    ``hashes``, its ``features``) to both its backends (of ``targets``), now.
+    ``hashes``, its ``features``) to both its backends (of ``targets``), now. Its engine chain
+    (``engine_hashes``, when the exact index routed it: `dispatch.exact`) is marked in flight in
+    ``pending_engine`` as its byte chain is in ``pending``.
 
     Returns:
         (the prefill ticket, the decode ticket). The prefill backend holds the prompt's KV,
@@ -42,9 +45,16 @@ def charge_split(pending: PendingChains, model: str, hashes: Sequence[int], feat
         raise ValueError("charge_split needs a split decision (Decision.prefill)")
     prefill_target = targets[leg.candidate.backend_id]
     pending.add(model, prefill_target.id, hashes)
+    if pending_engine is not None:
+        pending_engine.add(model, prefill_target.id, engine_hashes)
+
+    def ended() -> None:
+        pending.remove(model, prefill_target.id, hashes)
+        if pending_engine is not None:
+            pending_engine.remove(model, prefill_target.id, engine_hashes)
+
     prompt_kv = kappa.model_constants(prefill_target.spec.model).kv_bytes(max(features.prompt_tokens, 1))
-    prefill = Ticket(prefill_target.ledger, prompt_kv, leg.candidate.estimate.prefill_s,
-                     on_finish=lambda: pending.remove(model, prefill_target.id, hashes))
+    prefill = Ticket(prefill_target.ledger, prompt_kv, leg.candidate.estimate.prefill_s, on_finish=ended)
     chosen = decision.chosen
     decode = Ticket(targets[chosen.backend_id].ledger, chosen.estimate.kv_demand_bytes, 0.0,
                     context_tokens=decode_context_tokens(features),

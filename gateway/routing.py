@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -44,7 +44,7 @@ from gateway.backends.backend_state import BackendState
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyBackend, excerpt
 from gateway.backends.index_truth import IndexTruth
 from gateway.backends.engine_tokens import INLINE_MAX_BYTES
-from gateway.backends.kv_events_fleet import KvEventsFleet, TokenIdsOf, request_token_ids
+from gateway.backends.kv_events_fleet import KvEventsFleet, TokenIdsOf, engine_chain_of, request_token_ids
 from gateway.backends.pd_links import PdLinks
 from gateway.telemetry.metrics import Telemetry
 from gateway.telemetry.outage import OutageLog
@@ -257,6 +257,10 @@ class RoutingService:
         if parsed.token_ids is not None and self.kv_events is not None:  # the exact index, for backends in sync
             exact = await self.kv_events.exact_matches(parsed.model, parsed.token_ids, [t.id for t in targets],
                                                        cache_salt=parsed.cache_salt)
+            if exact:  # its engine chain, for in-flight and pool credit in the engines' blocks (dispatch.exact)
+                chain, size = engine_chain_of(parsed.model, parsed.token_ids, exact, parsed.cache_salt,
+                                              {t.id: t.metrics.block_size_tokens for t in targets})
+                parsed = dataclasses.replace(parsed, engine_hashes=chain, engine_block_tokens=size)
         return await self.dispatcher.plan(parsed, targets, dry_run=dry_run, split=parsed.splittable, exact=exact)
 
     def invalidation(self, parsed: ParsedRequest, *, dry_run: bool = False) -> Finding | None:
@@ -273,10 +277,12 @@ class RoutingService:
         return self.dispatcher.charge(plan, candidate)
 
     async def record(self, model: str, state: BackendState, hashes: list[int], *,
-                     holders: Literal["both", "backend", "kv_pool"] = "both") -> None:
+                     holders: Literal["both", "backend", "kv_pool"] = "both", engine_hashes: Sequence[int] = (),
+                     engine_block_tokens: int = 0) -> None:
         """The backend (and the shared KV pool) now caches this chain: tell the index
-        (`dispatch.Dispatcher.record`; ``holders`` as there)."""
-        await self.dispatcher.record(model, state, hashes, holders=holders)
+        (`dispatch.Dispatcher.record`; ``holders`` and the engine chain as there)."""
+        await self.dispatcher.record(model, state, hashes, holders=holders, engine_hashes=engine_hashes,
+                                     engine_block_tokens=engine_block_tokens)
 
     async def forget(self, backend_id: str) -> None:
         """Drop a restarted backend's entries, and the pool's if the whole fleet restarted (the

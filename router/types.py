@@ -50,7 +50,8 @@ class BackendView(NamedTuple):
     Args:
         backend_id: the config's id.
         spec: static model/hardware figures.
-        matched_blocks, hbm_blocks, host_blocks: the prefix index's match for this request.
+        matched_blocks, hbm_blocks, host_blocks: the prefix index's match for this request (index
+            blocks; fractional where the exact index's engine blocks are converted: `dispatch.exact`).
         kv_pool_blocks: blocks past this backend's own match that the fleet-shared KV pool holds
             (loadable from it; included in ``matched_blocks``).
         in_flight_blocks: leading blocks that requests the gateway has in flight there hold
@@ -71,9 +72,9 @@ class BackendView(NamedTuple):
 
     backend_id: str
     spec: BackendSpec
-    matched_blocks: int = 0
-    hbm_blocks: int = 0
-    host_blocks: int = 0
+    matched_blocks: float = 0
+    hbm_blocks: float = 0
+    host_blocks: float = 0
     cached_blocks: int = 0
     in_flight: int = 0
     kv_demand_bytes: float = 0.0
@@ -82,8 +83,8 @@ class BackendView(NamedTuple):
     num_requests_waiting: int = 0
     num_requests_running: int = 0
     kv_cache_usage_ratio: float = 0.0
-    kv_pool_blocks: int = 0
-    in_flight_blocks: int = 0
+    kv_pool_blocks: float = 0
+    in_flight_blocks: float = 0
     context_tokens: float = 0.0
     output_tokens: float = 0.0
     foreign_requests: int = 0

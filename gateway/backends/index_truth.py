@@ -86,7 +86,9 @@ class IndexTruth:
                 self._reset(holder, "cached-tokens-shortfall",
                             f"its answers reported under half the cached tokens the index credited, "
                             f"{self._dispatcher.evidence.miss_streak} times in a row")
-        await self._dispatcher.record(plan.request.model, state, plan.request.hashes)
+        request = plan.request
+        await self._dispatcher.record(request.model, state, request.hashes, engine_hashes=request.engine_hashes,
+                                      engine_block_tokens=request.engine_block_tokens)
 
     async def restarted(self, backend_id: str) -> None:
         """A backend restarted (`gateway.backends.backend_set.BackendSet`): forget it, and the pool if every

@@ -25,10 +25,11 @@ from fleet_config.settings import BackendEntry
 from gateway.backends.kv_events import KvEventSubscriber, Mode
 from gateway.telemetry.kv_events import KvEventsTelemetry
 from prefix_index import PrefixIndexError
+from prefix_index.engine_chain import own_chain, request_extras
 from prefix_index.engine_events import Tier
 from prefix_index.engine_index import NO_EXACT_MATCH, EngineIndex, ExactMatch
 
-__all__ = ["KvEventsFleet", "SUPERVISOR_RESTART_S", "TokenIdsOf", "request_token_ids"]
+__all__ = ["KvEventsFleet", "SUPERVISOR_RESTART_S", "TokenIdsOf", "engine_chain_of", "request_token_ids"]
 
 # The engines' tokenizer for a request: (model, body, chat) -> its prompt's token ids, or None (no
 # tokenizer for that model). Issue 30's `tokenization.request_token_ids` fills it; without it, only
@@ -197,3 +198,18 @@ def request_token_ids(model: str, body: Mapping[str, Any], chat: bool, tokenize:
                   "completion", model, exc)
         return None
     return None if ids is None else tuple(ids)
+
+
+def engine_chain_of(model: str, token_ids: Sequence[int], exact: Mapping[str, ExactMatch],
+                    cache_salt: str | None, scraped: Mapping[str, int | None]) -> tuple[list[int], int]:
+    """A request's engine chain for the exact backends' in-flight and KV-pool credit (`dispatch.exact`):
+    its own hashes (`prefix_index.engine_chain.own_chain`) at the block size most of ``exact``'s
+    backends use, and that size; ``([], 0)`` when none is known. A backend's size is the one its events
+    announced, else the one its ``/metrics`` shows (``scraped``: backend id -> ``vllm:cache_config_info``'s
+    ``block_size``), so the first requests to an empty fleet have a chain too (the pool is filled from them)."""
+    sizes = [m.block_size_tokens or scraped.get(b) for b, m in exact.items()]
+    known = [s for s in sizes if s]
+    if not known:
+        return [], 0
+    size = max(set(known), key=known.count)
+    return own_chain(model, token_ids, size, extras=request_extras(len(token_ids) // size, cache_salt)), size

@@ -175,7 +175,8 @@ async def _proxy(request: Request, kind: Kind, gw: GatewayState, received_s: flo
         # was recorded when the request was sent (gateway.replicas.peer_load): the pool now.
         holders: Literal["both", "kv_pool"] = "both" if gw.peers is None else "kv_pool"
         if resp.status < 400 and gw.routing.dispatcher.records_anything(parsed.hashes, holders):
-            gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes, holders=holders))
+            gw.spawn(gw.routing.record(parsed.model, sent.state, parsed.hashes, holders=holders,
+                                       engine_hashes=parsed.engine_hashes, engine_block_tokens=parsed.engine_block_tokens))
         relay = Relay(gw, plan, sent, received_s, request_id=request_id, route=kind,
                       request_bytes=len(raw))
         headers = {**response_headers(resp.headers), **kappa_headers(sent.candidate, request_id)}
