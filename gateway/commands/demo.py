@@ -139,7 +139,8 @@ def _measured_kappa_crit(url: str) -> dict[str, dict[str, Any]]:
     except (urllib.error.URLError, OSError, ValueError, KeyError):
         return {}
     return {b["id"]: {"value": b.get("kappa_crit_linear_measured"), "ci": b.get("kappa_crit_linear_measured_ci"),
-                      "load_requests": (b.get("kappa_fit") or {}).get("requests", {}).get("load", 0)}
+                      "load_requests": (b.get("kappa_fit") or {}).get("requests", {}).get("load", 0),
+                      "index_mode": (b.get("kv_events") or {}).get("mode", "approximate")}
             for b in backends}
 
 
@@ -218,6 +219,7 @@ def run_policy(settings: Settings, reqs: Sequence[TraceRequest], *, speedup: flo
         gateway_metrics = scrape_metrics(url)
         measured = _measured_kappa_crit(url)
     report = build_report(settings, results, backend_metrics, gateway_metrics, time_scale)
+    report["index_modes"] = {b: m.pop("index_mode") for b, m in measured.items()}  # exact: fed by KV events
     report["kappa_crit_measured"] = measured
     report["wall_s"] = round(time.monotonic() - started, 1)
     return report

@@ -178,7 +178,10 @@ def _notes(report: dict[str, Any], console: Console) -> None:
                       f"({est / rep:.0%}).")
     share, predictions = report.get("index_within_one_block_share"), report.get("index_predictions", {})
     if share is not None:
-        console.print(f"Prefix index: predicted K within one block of the reported cached tokens on {share:.1%} of "
+        modes = report.get("index_modes") or {}
+        exact = sum(mode == "exact" for mode in modes.values())
+        kind = f"exact, from the engines' KV events, on {exact} of {len(modes)} backends" if exact else "approximate"
+        console.print(f"Prefix index ({kind}): predicted K within one block of the reported cached tokens on {share:.1%} of "
                       f"{sum(predictions.values())} answers (over: {predictions['over']}, under: "
                       f"{predictions['under']}); {report.get('index_resets', 0)} index resets.")
     for run in (report, report.get("baseline") or {}):

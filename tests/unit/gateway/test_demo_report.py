@@ -65,6 +65,21 @@ def test_the_text_report_states_the_index_accuracy(capsys: pytest.CaptureFixture
             "2 index resets") in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize(("modes", "kind"), [
+    ({"b200-a": "exact", "b200-b": "exact", "gh200": "degraded", "h100-capped": "exact"},
+     "Prefix index (exact, from the engines' KV events, on 3 of 4 backends):"),
+    ({"b200-a": "approximate"}, "Prefix index (approximate):"),
+    ({}, "Prefix index (approximate):"),
+])
+def test_the_text_report_names_the_index_mode(modes: dict, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Newcomer trial (issue 30): the report never said whether the index was fed by the engines' events."""
+    report = build_report(SETTINGS, [result(0, "gh200", 50.0, 10_000, 9_800, "transfer")], {},
+                          {'gateway_index_predictions_total{outcome="within_one_block"}': 1.0}, time_scale=1.0)
+    report.update(wall_s=1.0, workload="test", index_modes=modes)
+    print_report(report, Console(width=300))
+    assert kind in " ".join(capsys.readouterr().out.split())
+
+
 def test_transfer_share_is_each_backends_own_regime_not_one_kappa_threshold(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 13, item 2: the table applied one `κ>6.4` column (the compute-dense κ_crit_linear) to
     every row. A GH200 request at κ_ratio 50 is compute-bound there (its κ_crit at that T is 200);
