@@ -57,7 +57,7 @@ def to_index_blocks(match: BlockMatch, engine_block_tokens: int, tokens_per_bloc
     hbm, host, pool = (_index_blocks(b, engine_block_tokens, tokens_per_block)
                        for b in (match.hbm_blocks, match.host_blocks, match.kv_pool_blocks))
     return BlockMatch(hbm + host + pool, hbm, host, pool,  # type: ignore[arg-type]  # fractional on purpose
-                      _index_blocks(match.in_flight_blocks, engine_block_tokens, tokens_per_block))
+                      _index_blocks(match.in_flight_blocks, engine_block_tokens, tokens_per_block))  # type: ignore[arg-type]
 
 
 def with_exact(matches: Mapping[str, BlockMatch], exact: Mapping[str, ExactMatch],
@@ -77,7 +77,7 @@ def with_exact(matches: Mapping[str, BlockMatch], exact: Mapping[str, ExactMatch
     for backend_id, match in exact.items():
         hbm = (match.hbm_tokens + 0.5) / block_size_tokens if match.hbm_tokens else 0
         host = (match.host_tokens + 0.5) / block_size_tokens if match.host_tokens else 0
-        out[backend_id] = BlockMatch(hbm + host, hbm, host)
+        out[backend_id] = BlockMatch(hbm + host, hbm, host)  # type: ignore[arg-type]  # fractional on purpose
     return out
 
 

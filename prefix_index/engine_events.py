@@ -31,7 +31,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from prefix_index.engine_chain import TOKEN_ID_LIMIT, canonical_extra
 from prefix_index.errors import PrefixIndexError
@@ -218,6 +218,7 @@ def _stored(f: dict[str, Any]) -> BlockStored:
     if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < TOKEN_ID_LIMIT
                                            for t in tokens):
         raise MalformedEvents("token_ids must be a list of ints in [0, 2**32)")
+    assert isinstance(size, int)  # both branches above checked it (for mypy, which cannot follow `placeholder`)
     if not placeholder and len(tokens) != len(hashes) * size:
         raise MalformedEvents(f"{len(tokens)} token ids for {len(hashes)} blocks of {size}")
     parent = f.get("parent_block_hash")
