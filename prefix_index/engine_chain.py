@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from xxhash import xxh3_64_intdigest
 
-__all__ = ["TOKEN_ID_LIMIT", "canonical_extra", "engine_chain_seed", "own_chain", "request_extras"]
+__all__ = ["TOKEN_ID_LIMIT", "canonical_extra", "engine_chain_seed", "own_chain", "request_chain", "request_extras"]
 
 TOKEN_ID_LIMIT = 1 << 32  # token ids are packed as u32: every vocabulary in use is far below 2**32
 _EXTRA_MARK = b"\xff"
@@ -141,3 +141,27 @@ def own_chain(model: str, token_ids: Sequence[int], block_size_tokens: int, *,
         h = own_hash(h, token_ids[i * block_size_tokens:(i + 1) * block_size_tokens], extra)
         out.append(h)
     return out
+
+
+# The last request chain computed: (token_ids, model, block size, cache_salt, chain). A request's chain is
+# wanted twice on its routing path, by the exact index's match and by its in-flight credit
+# (`gateway.backends.kv_events_fleet.engine_chain_of`), with the same token-id tuple: the second is this.
+_last_request_chain: list[tuple[Sequence[int], str, int, str | None, list[int]]] = []
+
+
+def request_chain(model: str, token_ids: Sequence[int], block_size_tokens: int, cache_salt: str | None) -> list[int]:
+    """A request's own chain at ``block_size_tokens`` (`own_chain` with `request_extras`); asked again for the
+    same token-id object, model, size and salt, the chain computed last (identity, not equality: a tuple
+    held here cannot be another request's). Read-only: the list may be handed out twice.
+
+    Raises:
+        ValueError: as `own_chain`.
+    """
+    last = _last_request_chain[0] if _last_request_chain else None
+    if last is not None and last[0] is token_ids and last[1:4] == (model, block_size_tokens, cache_salt):
+        return last[4]
+    chain = own_chain(model, token_ids, block_size_tokens,
+                      extras=request_extras(len(token_ids) // block_size_tokens, cache_salt))
+    if isinstance(token_ids, tuple):  # immutable: safe to recognise by identity
+        _last_request_chain[:] = [(token_ids, model, block_size_tokens, cache_salt, chain)]
+    return chain

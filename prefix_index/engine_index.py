@@ -57,7 +57,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from prefix_index.engine_chain import own_chain, request_extras
+from prefix_index.engine_chain import own_chain, request_chain
 from prefix_index.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, Tier, tier_of
 
 __all__ = [
@@ -310,7 +310,7 @@ def chains_by_block_size(model: str, token_ids: Sequence[int], block_sizes: Mapp
     for size in set(block_sizes.values()):
         if size <= 0:
             raise ValueError(f"block sizes must be > 0, got {size!r}")
-        chains[size] = own_chain(model, token_ids, size, extras=request_extras(len(token_ids) // size, cache_salt))
+        chains[size] = request_chain(model, token_ids, size, cache_salt)
     return chains
 
 

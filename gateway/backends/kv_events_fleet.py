@@ -25,7 +25,7 @@ from fleet_config.settings import BackendEntry
 from gateway.backends.kv_events import KvEventSubscriber, Mode
 from gateway.telemetry.kv_events import KvEventsTelemetry
 from prefix_index import PrefixIndexError
-from prefix_index.engine_chain import own_chain, request_extras
+from prefix_index.engine_chain import request_chain
 from prefix_index.engine_events import Tier
 from prefix_index.engine_index import NO_EXACT_MATCH, EngineIndex, ExactMatch
 
@@ -203,7 +203,7 @@ def request_token_ids(model: str, body: Mapping[str, Any], chat: bool, tokenize:
 def engine_chain_of(model: str, token_ids: Sequence[int], exact: Mapping[str, ExactMatch],
                     cache_salt: str | None, scraped: Mapping[str, int | None]) -> tuple[list[int], int]:
     """A request's engine chain for the exact backends' in-flight and KV-pool credit (`dispatch.exact`):
-    its own hashes (`prefix_index.engine_chain.own_chain`) at the block size most of ``exact``'s
+    its own hashes (`prefix_index.engine_chain.request_chain`) at the block size most of ``exact``'s
     backends use, and that size; ``([], 0)`` when none is known. A backend's size is the one its events
     announced, else the one its ``/metrics`` shows (``scraped``: backend id -> ``vllm:cache_config_info``'s
     ``block_size``), so the first requests to an empty fleet have a chain too (the pool is filled from them)."""
@@ -212,4 +212,4 @@ def engine_chain_of(model: str, token_ids: Sequence[int], exact: Mapping[str, Ex
     if not known:
         return [], 0
     size = max(set(known), key=known.count)
-    return own_chain(model, token_ids, size, extras=request_extras(len(token_ids) // size, cache_salt)), size
+    return request_chain(model, token_ids, size, cache_salt), size  # the match's own, not hashed again

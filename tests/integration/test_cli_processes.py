@@ -58,9 +58,9 @@ def test_mock_vllm_with_config_listens_where_its_backend_entry_says(tmp_path: Pa
         stop(proc)
 
 
-def test_one_dead_mock_leaves_the_rest_of_the_fleet_serving(tmp_path: Path) -> None:
-    """Regression: kill -9 of one mock of `mock-fleet` (no kv_pool: a process each) stopped
-    every other mock and exited 0 without a word."""
+def start_fleet(tmp_path: Path) -> tuple[list[dict], Path, subprocess.Popen, dict[str, str]]:
+    """`mock-fleet` over two backends (no kv_pool: a process each), both answering: (backends, its log,
+    the process this test started, backend id -> its mock's pid)."""
     backends = two_backends()
     config = config_file(tmp_path, {"backends": backends})
     log = tmp_path / "fleet.log"
@@ -69,6 +69,17 @@ def test_one_dead_mock_leaves_the_rest_of_the_fleet_serving(tmp_path: Path) -> N
         pids = poll(lambda: dict(re.findall(r"^(\w+): .* \(pid (\d+)\)$", log.read_text(), re.M)) or None,
                     "the fleet to print its mocks' pids", timeout_s=30)
         poll(lambda: all(get_status(b["url"], "/health") == 200 for b in backends), "both mocks up", timeout_s=30)
+    except BaseException:
+        stop(fleet)
+        raise
+    return backends, log, fleet, pids
+
+
+def test_one_dead_mock_leaves_the_rest_of_the_fleet_serving(tmp_path: Path) -> None:
+    """Regression: kill -9 of one mock of `mock-fleet` (no kv_pool: a process each) stopped
+    every other mock and exited 0 without a word."""
+    backends, log, fleet, pids = start_fleet(tmp_path)
+    try:
         os.kill(int(pids["a"]), signal.SIGKILL)  # a mock process started (through mock-fleet) by this test
         poll(lambda: "mock a (pid" in log.read_text(), "the fleet to report the dead mock", timeout_s=10)
         assert "exited with -9" in log.read_text()
@@ -105,14 +116,8 @@ def test_a_third_signal_forces_the_exit_and_says_so_in_the_exit_code(tmp_path: P
 def test_mock_fleet_killed_with_sigkill_takes_its_mocks_with_it(tmp_path: Path) -> None:
     """Regression (newcomer trial, issue 30): `kill -9` of `mock-fleet` left its worker serving the
     mocks, re-parented to init, holding their HTTP and KV-event ports, so the fleet could not start again."""
-    backends = two_backends()
-    config = config_file(tmp_path, {"backends": backends})
-    log = tmp_path / "fleet.log"
-    fleet = start(["mock-fleet", "--config", str(config), "--time-scale", "0.01"], log)
+    backends, log, fleet, pids = start_fleet(tmp_path)
     try:
-        pids = poll(lambda: dict(re.findall(r"^(\w+): .* \(pid (\d+)\)$", log.read_text(), re.M)) or None,
-                    "the fleet to print its mocks' pids", timeout_s=30)
-        poll(lambda: all(get_status(b["url"], "/health") == 200 for b in backends), "both mocks up", timeout_s=30)
         os.kill(fleet.pid, signal.SIGKILL)  # the mock-fleet process this test started
         fleet.wait(timeout=10)
         poll(lambda: all(get_status(b["url"], "/health") is None for b in backends), "the orphaned mocks to stop",
